@@ -1,0 +1,37 @@
+"""The interface every GPU source implements: the real NVML one and the simulated one alike."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from agents.protocol import GpuInfo, GpuSample, Topology
+
+
+class GpuSourceError(RuntimeError):
+    """The source cannot run here (no driver, no GPU, bad spec); the CLI prints it on one line, exit 2."""
+
+
+class GpuSource(ABC):
+    """A node's GPUs. Created once per agent process; `sample()` is called every interval."""
+
+    kind: str  # "nvml" or "sim", as sent in the hello message
+    simulated: bool
+
+    @abstractmethod
+    def driver_version(self) -> str: ...
+
+    @abstractmethod
+    def cuda_version(self) -> str: ...
+
+    @abstractmethod
+    def inventory(self) -> list[GpuInfo]: ...
+
+    @abstractmethod
+    def topology(self) -> Topology: ...
+
+    @abstractmethod
+    def sample(self) -> list[GpuSample]:
+        """One sample per GPU, including XID events seen since the previous call."""
+
+    def close(self) -> None:
+        """Release the driver handle; the default has nothing to release."""

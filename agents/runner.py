@@ -1,0 +1,189 @@
+"""The agent's main loop: sample the GPUs every interval, send over a websocket, replay what was missed.
+
+Sampling never waits for the network: samples go into the outbox (a bounded ring, 10 minutes by
+default) and a sender drains it whenever a connection is up. The server acks what it has stored;
+after a reconnect everything not yet acked is sent again in order, and the server's sequence
+watermark drops what it already had, so each sample is stored once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import websockets
+
+from agents import __version__, protocol
+from agents.gpus.base import GpuSource
+from agents.ring import Outbox
+
+log = logging.getLogger("agents")
+CLOSE_UNAUTHORIZED = 4401
+
+
+class AgentRejected(RuntimeError):
+    """The server refused this agent's token; retrying cannot help."""
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff with full jitter, reset after a connection that worked."""
+
+    base: float = 0.5
+    cap: float = 30.0
+    attempt: int = 0
+
+    def next_delay(self) -> float:
+        self.attempt += 1
+        return random.uniform(0, min(self.cap, self.base * 2**self.attempt))
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+@dataclass
+class LogTailer:
+    """Follows one log file from its end and hands new lines to the agent."""
+
+    source: str
+    path: Path
+    offset: int | None = None
+
+    def read_new_lines(self) -> list[str]:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return []
+        if self.offset is None or size < self.offset:  # first look, or the file was rotated/truncated
+            self.offset = size if self.offset is None else 0
+        with self.path.open("rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read(protocol.MAX_FRAME_BYTES // 2)
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        text = data[:end].decode("utf-8", "replace")
+        return [line[: protocol.MAX_LOG_LINE_CHARS] for line in text.splitlines()]
+
+
+@dataclass
+class Agent:
+    server: str
+    token: str
+    source: GpuSource
+    interval: float = 1.0
+    buffer_seconds: float = 600.0
+    tailers: list[LogTailer] = field(default_factory=list)
+    boot_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self) -> None:
+        self.outbox = Outbox(capacity=max(1, int(self.buffer_seconds / self.interval)) * (1 + len(self.tailers)))
+        self.wake = asyncio.Event()
+        self.acked = 0
+
+    def ws_url(self) -> str:
+        base = self.server.rstrip("/")
+        base = base.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
+        return base + "/ws/agent/"
+
+    def hello(self) -> str:
+        message = protocol.Hello(
+            type="hello", v=protocol.VERSION, agent_version=__version__, hostname=socket.gethostname(),
+            boot_id=self.boot_id, interval_s=self.interval, gpu_source=self.source.kind,
+            simulated=self.source.simulated, driver_version=self.source.driver_version(),
+            cuda_version=self.source.cuda_version(), gpus=self.source.inventory(), topology=self.source.topology(),
+        )
+        return protocol.dump(message)
+
+    def collect(self) -> None:
+        """Take one sample of every GPU, and any new log lines, into the outbox."""
+        now, gpus = time.time(), self.source.sample()
+        self.outbox.add(lambda seq: protocol.dump(
+            protocol.Samples(type="samples", v=protocol.VERSION, seq=seq, t=now, gpus=gpus)))
+        for tailer in self.tailers:
+            for chunk in _chunks(tailer.read_new_lines(), protocol.MAX_LOG_LINES):
+                self.outbox.add(lambda seq, c=chunk, s=tailer.source: protocol.dump(
+                    protocol.LogTail(type="logs", v=protocol.VERSION, seq=seq, t=now, source=s, lines=c)))
+        self.wake.set()
+
+    async def sample_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            self.collect()
+            next_at += self.interval
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+
+    async def run(self) -> None:
+        sampler = asyncio.create_task(self.sample_forever())
+        try:
+            await self.connect_forever()
+        finally:
+            sampler.cancel()
+
+    async def connect_forever(self) -> None:
+        backoff = Backoff()
+        while True:
+            try:
+                await self.session(backoff)
+            except AgentRejected:
+                raise
+            except (OSError, websockets.WebSocketException, asyncio.TimeoutError) as exc:
+                log.warning("connection to %s lost: %s", self.server, exc)
+            delay = backoff.next_delay()
+            log.info("reconnecting in %.1f s (%d samples waiting)", delay, len(self.outbox.frames))
+            await asyncio.sleep(delay)
+
+    async def session(self, backoff: Backoff) -> None:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        async with websockets.connect(self.ws_url(), additional_headers=headers, open_timeout=10,
+                                      max_size=protocol.MAX_FRAME_BYTES) as ws:
+            await ws.send(self.hello())
+            welcome = await self.expect_welcome(ws)
+            backoff.reset()
+            self.outbox.ack(welcome["last_seq"])
+            log.info("connected as %s; replaying %d frames", welcome["node"], len(self.outbox.frames))
+            await self.exchange(ws)
+
+    async def expect_welcome(self, ws) -> dict:
+        reply = json.loads(await asyncio.wait_for(ws.recv(), timeout=30))
+        if reply.get("type") == "error" and reply.get("code") == "unauthorized":
+            raise AgentRejected(f"server refused the token: {reply.get('message')}")
+        if reply.get("type") != "welcome":
+            raise websockets.WebSocketException(f"expected welcome, got {reply}")
+        return reply
+
+    async def exchange(self, ws) -> None:
+        sender = asyncio.create_task(self.send_forever(ws))
+        try:
+            async for raw in ws:
+                self.on_server_message(json.loads(raw))
+        finally:
+            sender.cancel()
+        if ws.close_code == CLOSE_UNAUTHORIZED:
+            raise AgentRejected("server closed the connection: token revoked")
+
+    def on_server_message(self, message: dict) -> None:
+        if message.get("type") == "ack":
+            self.outbox.ack(int(message["seq"]))
+        elif message.get("type") == "error":
+            log.error("server rejected a frame: %s: %s", message.get("code"), message.get("message"))
+
+    async def send_forever(self, ws) -> None:
+        sent = 0
+        while True:
+            for seq, frame in self.outbox.after(sent):
+                await ws.send(frame)
+                sent = seq
+            self.wake.clear()
+            await self.wake.wait()
+
+
+def _chunks(lines: list[str], size: int) -> list[list[str]]:
+    return [lines[i : i + size] for i in range(0, len(lines), size)]

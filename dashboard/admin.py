@@ -1,0 +1,64 @@
+from django.contrib import admin, messages
+
+from dashboard.models import AgentToken, Gpu, GpuSample, Link, LogChunk, Node
+
+
+class GpuInline(admin.TabularInline):
+    model = Gpu
+    extra = 0
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ("name", "hostname", "simulated", "connected", "last_seen", "agent_version")
+    search_fields = ("name", "hostname")
+    inlines = [GpuInline]
+    actions = ["issue_token"]
+
+    @admin.action(description="Issue a new agent token (shown once)")
+    def issue_token(self, request, queryset):
+        for node in queryset:
+            _, plaintext = AgentToken.issue(node)
+            self.message_user(request, f"Token for {node.name} (copy it now, it is not shown again): {plaintext}",
+                              messages.WARNING)
+
+
+@admin.register(AgentToken)
+class AgentTokenAdmin(admin.ModelAdmin):
+    list_display = ("prefix", "node", "created", "last_used", "revoked")
+    list_filter = ("revoked",)
+    readonly_fields = ("prefix", "created", "last_used")
+    actions = ["revoke"]
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke(self, request, queryset):
+        for token in queryset.filter(revoked=None):
+            token.revoke()
+
+    def has_add_permission(self, request):
+        return False  # tokens are issued from the node admin action or `manage.py agent_token`
+
+
+@admin.register(Gpu)
+class GpuAdmin(admin.ModelAdmin):
+    list_display = ("node", "index", "name", "memory_total_mib", "numa_node", "pci_bus_id")
+    list_filter = ("node",)
+
+
+@admin.register(Link)
+class LinkAdmin(admin.ModelAdmin):
+    list_display = ("node", "a", "b", "link", "p2p_read", "p2p_write")
+    list_filter = ("node", "link")
+
+
+@admin.register(GpuSample)
+class GpuSampleAdmin(admin.ModelAdmin):
+    list_display = ("gpu", "t", "seq", "util_gpu", "mem_used_mib", "temp_c", "power_w")
+    list_filter = ("gpu__node",)
+    date_hierarchy = "t"
+
+
+@admin.register(LogChunk)
+class LogChunkAdmin(admin.ModelAdmin):
+    list_display = ("node", "source", "t", "seq")
+    list_filter = ("node", "source")

@@ -1,0 +1,52 @@
+"""Status vocabularies, each defined once with its label and the color the UI and e-mails use."""
+
+from __future__ import annotations
+
+
+class ChoiceSet:
+    CHOICES: list[tuple[str, str, str]] = []
+
+    @classmethod
+    def choices(cls) -> list[tuple[str, str]]:
+        return [(value, label) for value, label, _ in cls.CHOICES]
+
+    @classmethod
+    def color(cls, value: str) -> str:
+        return next((color for v, _, color in cls.CHOICES if v == value), "gray")
+
+    @classmethod
+    def label(cls, value: str) -> str:
+        return next((label for v, label, _ in cls.CHOICES if v == value), value)
+
+
+class NodeStatus(ChoiceSet):
+    NEW = "new"
+    ONLINE = "online"
+    STALE = "stale"
+    OFFLINE = "offline"
+    CHOICES = [
+        (NEW, "Never connected", "gray"),
+        (ONLINE, "Online", "green"),
+        (STALE, "Stale", "orange"),
+        (OFFLINE, "Offline", "red"),
+    ]
+
+
+class LinkClass(ChoiceSet):
+    """Link labels as nvidia-smi prints them, strongest first; the color is the grid cell's."""
+
+    CHOICES = [
+        ("NV", "NVLink (bonded set of # links)", "#1b7f3b"),
+        ("PIX", "At most one PCIe bridge (P2P)", "#4caf50"),
+        ("PXB", "Several PCIe bridges, no host bridge (P2P)", "#8bc34a"),
+        ("PHB", "Through a PCIe host bridge (the CPU)", "#ffc107"),
+        ("NODE", "Across host bridges within a NUMA node", "#ff9800"),
+        ("SYS", "Across NUMA nodes (QPI/UPI/SMP interconnect)", "#e53935"),
+        ("SOC", "Across CPU sockets (old name of SYS)", "#e53935"),
+        ("X", "Self", "#9e9e9e"),
+    ]
+
+    @classmethod
+    def of(cls, label: str) -> str:
+        """The class of a printed label: NV12 -> NV, everything else as printed."""
+        return "NV" if label.startswith("NV") and label[2:].isdigit() else label

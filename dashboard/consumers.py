@@ -1,0 +1,110 @@
+"""Websocket consumers: the agent endpoint and the browsers' live feed. Thin: rules live in ingest.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from agents import protocol
+from dashboard import ingest
+from dashboard.choices import NodeStatus
+from dashboard.live import FLEET_GROUP, announce_node
+from dashboard.models import AgentToken, Node
+
+log = logging.getLogger(__name__)
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_PROTOCOL = 4400
+
+
+def bearer_token(scope: dict) -> str:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization" and value.lower().startswith(b"bearer "):
+            return value[7:].decode("latin-1").strip()
+    return ""
+
+
+class AgentConsumer(AsyncWebsocketConsumer):
+    """One connected node agent. Frames are validated before anything is stored."""
+
+    node: Node | None = None
+    gpu_ids: dict[int, int]
+    accepted_seq: int = 0
+
+    async def connect(self) -> None:
+        await self.accept()
+        self.node = await database_sync_to_async(AgentToken.authenticate)(bearer_token(self.scope))
+        if self.node is None:
+            await self.send(protocol.error("unauthorized", "unknown or revoked agent token"))
+            await self.close(CLOSE_UNAUTHORIZED)
+
+    async def disconnect(self, code: int) -> None:
+        if self.node is not None and getattr(self, "gpu_ids", None) is not None:
+            await database_sync_to_async(ingest.mark_disconnected)(self.node.pk)
+            await announce_node(self.node.pk, self.node.name, NodeStatus.STALE)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.node is None:
+            return
+        try:
+            message = protocol.parse_agent_message(text_data if text_data is not None else bytes_data or b"")
+            await self.handle(message)
+        except protocol.ProtocolError as exc:
+            log.warning("agent %s: rejected frame: %s", self.node.name, exc.message)
+            await self.send(protocol.error(exc.code, exc.message))
+
+    async def handle(self, message: protocol.Hello | protocol.Samples | protocol.LogTail) -> None:
+        if isinstance(message, protocol.Hello):
+            await self.hello(message)
+        elif getattr(self, "gpu_ids", None) is None:
+            raise protocol.ProtocolError("hello_required", "send hello before samples or logs")
+        elif message.seq <= self.accepted_seq:
+            await self.send(protocol.ack(self.accepted_seq))  # a replay of what is stored or in flight
+        else:
+            self.enqueue(message)
+
+    async def hello(self, message: protocol.Hello) -> None:
+        buffer = ingest.ingest_buffer()
+        await buffer.flush()  # whatever an earlier connection of this agent still has in flight
+        node = await database_sync_to_async(Node.objects.get)(pk=self.node.pk)
+        self.gpu_ids = await database_sync_to_async(ingest.apply_hello)(node, message)
+        self.node, self.accepted_seq = node, node.last_seq
+        await self.send(protocol.welcome(node.name, node.last_seq))
+        await announce_node(node.pk, node.name, NodeStatus.ONLINE)
+
+    def enqueue(self, message: protocol.Samples | protocol.LogTail) -> None:
+        if isinstance(message, protocol.Samples):
+            unknown = {s.index for s in message.gpus} - set(self.gpu_ids)
+            if unknown:
+                raise protocol.ProtocolError("unknown_gpu", f"GPU index {sorted(unknown)} not announced in hello")
+            rows, logs = ingest.sample_rows(message, self.gpu_ids), []
+        else:
+            rows, logs = [], [ingest.log_row(message, self.node.pk)]
+        self.accepted_seq = message.seq
+        ingest.ingest_buffer().add(ingest.Pending(self.node.pk, message.seq, rows, logs, self.acknowledge))
+
+    async def acknowledge(self, seq: int) -> None:
+        await self.send(protocol.ack(seq))
+
+
+class FleetConsumer(AsyncWebsocketConsumer):
+    """A logged-in browser's live feed: every fleet tick and node status change."""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(4403)
+            return
+        await self.channel_layer.group_add(FLEET_GROUP, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        await self.channel_layer.group_discard(FLEET_GROUP, self.channel_name)
+
+    async def fleet_update(self, event: dict) -> None:
+        await self.send(json.dumps(event))
+
+    async def fleet_node(self, event: dict) -> None:
+        await self.send(json.dumps(event))

@@ -1,0 +1,78 @@
+"""Read-side of the fleet: what the pages show, computed from the models."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import OuterRef, Subquery
+from django.utils import timezone
+
+from dashboard.choices import LinkClass
+from dashboard.live import gpu_point
+from dashboard.models import Gpu, GpuSample, Node
+
+
+@dataclass
+class GpuRow:
+    gpu: Gpu
+    point: list[float | None] | None
+
+
+def latest_samples(gpus: list[Gpu]) -> dict[int, GpuSample]:
+    newest = GpuSample.objects.filter(gpu=OuterRef("gpu")).order_by("-t").values("pk")[:1]
+    ids = GpuSample.objects.filter(gpu__in=gpus).values("gpu").annotate(last=Subquery(newest)).values("last")
+    return {s.gpu_id: s for s in GpuSample.objects.filter(pk__in=ids)}
+
+
+def fleet_overview() -> list[tuple[Node, list[GpuRow]]]:
+    nodes = list(Node.objects.prefetch_related("gpus"))
+    gpus = [g for n in nodes for g in n.gpus.all()]
+    latest = latest_samples(gpus)
+    return [(n, [GpuRow(g, _point(latest.get(g.pk))) for g in n.gpus.all()]) for n in nodes]
+
+
+def _point(sample: GpuSample | None) -> list[float | None] | None:
+    return gpu_point(sample) if sample else None
+
+
+def gpu_history(node: Node, minutes: int) -> dict[str, list[list[float]]]:
+    """Per GPU id: [[unix_ms, util, mem_used_mib, temp, power], ...] for the node page's charts."""
+    since = timezone.now() - timedelta(minutes=minutes)
+    rows = GpuSample.objects.filter(gpu__node=node, t__gte=since).order_by("t")
+    history: dict[str, list[list[float]]] = {}
+    for gpu_id, t, util, mem, temp, power in rows.values_list("gpu_id", "t", "util_gpu", "mem_used_mib",
+                                                                 "temp_c", "power_w"):
+        history.setdefault(str(gpu_id), []).append([t.timestamp() * 1000, util, mem, temp, power])
+    return history
+
+
+def topology_grid(node: Node) -> dict[str, Any] | None:
+    """Rows and columns of the node's topology matrix, each cell with its label, class color and P2P."""
+    topo = node.topology
+    if not topo:
+        return None
+    names = [d["name"] for d in topo["gpus"]] + [n["name"] for n in topo.get("nics", [])]
+    links = {frozenset((x.a, x.b)): x for x in node.links.all()}
+    rows = [{"name": a, "cells": [_cell(a, b, links) for b in names]} for a in names]
+    affinity = {d["name"]: d for d in topo["gpus"]}
+    for row in rows:
+        row["cpu_affinity"] = affinity.get(row["name"], {}).get("cpu_affinity") or ""
+        row["numa_affinity"] = affinity.get(row["name"], {}).get("numa_affinity") or ""
+    nics = {n["name"]: n["device"] for n in topo.get("nics", [])}
+    return {"columns": names, "rows": rows, "nics": nics}
+
+
+def _cell(a: str, b: str, links: dict) -> dict[str, str]:
+    if a == b:
+        return {"label": "X", "color": LinkClass.color("X"), "p2p": "", "peer": b}
+    link = links.get(frozenset((a, b)))
+    if link is None:
+        return {"label": "?", "color": "#ffffff", "p2p": "", "peer": b}
+    p2p = "/".join(x for x in (link.p2p_read, link.p2p_write) if x)
+    return {"label": link.link, "color": LinkClass.color(link.link_class), "p2p": p2p, "peer": b}
+
+
+def link_legend() -> list[tuple[str, str, str]]:
+    return [c for c in LinkClass.CHOICES if c[0] not in ("SOC", "X")]

@@ -1,0 +1,179 @@
+"""What happens to agent messages once they are valid: inventory updates and batched sample writes.
+
+The websocket consumer stays thin: it validates (agents.protocol), then calls into this module.
+Samples are not written one message at a time: `IngestBuffer` collects rows from every agent
+connected to this server process and writes them in one transaction per flush, then acks each
+agent for what is now stored, so an agent only forgets a sample once it is in the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Case, F, IntegerField, Value, When
+from django.utils import timezone
+
+from agents.protocol import GpuSample as SampleMessage
+from agents.protocol import Hello, LogTail, Samples
+from dashboard.models import Gpu, GpuSample, Link, LogChunk, Node
+
+log = logging.getLogger(__name__)
+AckCallback = Callable[[int], Awaitable[None]]
+
+
+def apply_hello(node: Node, hello: Hello) -> dict[int, int]:
+    """Record the agent's inventory and topology; return GPU index -> Gpu id for sample rows."""
+    with transaction.atomic():
+        if hello.boot_id != node.boot_id:
+            node.boot_id, node.last_seq = hello.boot_id, 0
+        _update_node_fields(node, hello)
+        gpu_ids = _sync_gpus(node, hello)
+        _sync_links(node, hello)
+    return gpu_ids
+
+
+def _update_node_fields(node: Node, hello: Hello) -> None:
+    node.hostname = hello.hostname
+    node.simulated = hello.simulated
+    node.gpu_source = hello.gpu_source
+    node.agent_version = hello.agent_version
+    node.driver_version = hello.driver_version
+    node.cuda_version = hello.cuda_version
+    node.interval_s = hello.interval_s
+    node.topology = hello.topology.model_dump() if hello.topology else None
+    node.connected = True
+    node.last_seen = timezone.now()
+    node.save()
+
+
+def _sync_gpus(node: Node, hello: Hello) -> dict[int, int]:
+    ids: dict[int, int] = {}
+    for info in hello.gpus:
+        gpu, _ = Gpu.objects.update_or_create(
+            node=node, index=info.index, defaults=info.model_dump(exclude={"index"})
+        )
+        ids[info.index] = gpu.pk
+    node.gpus.exclude(index__in=ids).delete()
+    return ids
+
+
+def _sync_links(node: Node, hello: Hello) -> None:
+    node.links.all().delete()
+    if hello.topology is None:
+        return
+    reads = {frozenset((x.a, x.b)): x.link for x in hello.topology.p2p.get("r", [])}
+    writes = {frozenset((x.a, x.b)): x.link for x in hello.topology.p2p.get("w", [])}
+    rows = []
+    for x in hello.topology.links:
+        pair = frozenset((x.a, x.b))
+        rows.append(
+            Link(node=node, a=x.a, b=x.b, link=x.link, p2p_read=reads.get(pair, ""), p2p_write=writes.get(pair, ""))
+        )
+    Link.objects.bulk_create(rows)
+
+
+def mark_disconnected(node_id: int) -> None:
+    Node.objects.filter(pk=node_id).update(connected=False)
+
+
+def sample_rows(message: Samples, gpu_ids: dict[int, int]) -> list[GpuSample]:
+    """Model rows for one samples message; GPUs the hello did not announce are refused by the caller."""
+    t = datetime.fromtimestamp(message.t, tz=UTC)
+    return [_sample_row(s, gpu_ids[s.index], t, message.seq) for s in message.gpus]
+
+
+def _sample_row(s: SampleMessage, gpu_id: int, t: datetime, seq: int) -> GpuSample:
+    fields = s.model_dump(exclude={"index"})
+    return GpuSample(gpu_id=gpu_id, t=t, seq=seq, **fields)
+
+
+def log_row(message: LogTail, node_id: int) -> LogChunk:
+    t = datetime.fromtimestamp(message.t, tz=UTC)
+    return LogChunk(node_id=node_id, source=message.source, seq=message.seq, t=t, lines=message.lines)
+
+
+@dataclass
+class Pending:
+    node_id: int
+    seq: int
+    rows: list[GpuSample]
+    logs: list[LogChunk]
+    on_stored: AckCallback
+
+
+@dataclass
+class IngestBuffer:
+    """Per-process write-behind buffer shared by all agent connections of this server process."""
+
+    flush_seconds: float = field(default_factory=lambda: settings.INGEST_FLUSH_SECONDS)
+    max_rows: int = 5000
+    pending: list[Pending] = field(default_factory=list)
+    rows_pending: int = 0
+    listeners: list[Callable[[list[Pending]], None]] = field(default_factory=list)
+    _task: asyncio.Task | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def add(self, item: Pending) -> None:
+        self.pending.append(item)
+        self.rows_pending += len(item.rows) + len(item.logs)
+        self._ensure_running()
+
+    def _ensure_running(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while self.pending:
+            await asyncio.sleep(self.flush_seconds if self.rows_pending < self.max_rows else 0)
+            await self.flush()
+
+    async def flush(self) -> None:
+        async with self._lock:
+            batch, self.pending, self.rows_pending = self.pending, [], 0
+            if not batch:
+                return
+            await sync_to_async(store_batch)(batch)
+            for listener in self.listeners:
+                listener(batch)
+            await asyncio.gather(*(item.on_stored(item.seq) for item in batch), return_exceptions=True)
+
+
+def store_batch(batch: list[Pending]) -> None:
+    """Write every row of the batch and move each node's replay watermark, in one transaction."""
+    highest: dict[int, int] = {}
+    for item in batch:
+        highest[item.node_id] = max(highest.get(item.node_id, 0), item.seq)
+    with transaction.atomic():
+        GpuSample.objects.bulk_create([r for i in batch for r in i.rows], ignore_conflicts=True, batch_size=2000)
+        LogChunk.objects.bulk_create([r for i in batch for r in i.logs], batch_size=500)
+        _advance_watermarks(highest)
+
+
+def _advance_watermarks(highest: dict[int, int]) -> None:
+    whens = [When(pk=node_id, then=Value(seq)) for node_id, seq in highest.items()]
+    Node.objects.filter(pk__in=highest).update(
+        last_seq=Case(*whens, default=F("last_seq"), output_field=IntegerField()), last_seen=timezone.now()
+    )
+
+
+_buffers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, IngestBuffer] = weakref.WeakKeyDictionary()
+
+
+def ingest_buffer() -> IngestBuffer:
+    """The buffer of this process's event loop, created on first use with the live fan-out attached."""
+    loop = asyncio.get_running_loop()
+    if loop not in _buffers:
+        from dashboard.live import FleetFanout
+
+        buffer = IngestBuffer()
+        buffer.listeners.append(FleetFanout.for_loop(loop).record)
+        _buffers[loop] = buffer
+    return _buffers[loop]

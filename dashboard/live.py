@@ -1,0 +1,68 @@
+"""Live fan-out to browsers: one message per tick with the latest values of every node that changed.
+
+Browsers never get one message per sample: at 1,000 agents x 8 GPUs that would be 8,000 frames a
+second per browser. Instead the newest sample of each GPU is kept here and sent as one "fleet"
+group message every FANOUT_SECONDS; the fleet page and the node pages both read it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+if TYPE_CHECKING:
+    from dashboard.ingest import Pending
+
+FLEET_GROUP = "fleet"
+
+
+def gpu_point(row: Any) -> list[float | None]:
+    """The compact per-GPU values the pages draw: [util, mem_used, mem_total, temp, power, util_mem]."""
+    total = row.mem_used_mib + row.mem_free_mib
+    return [row.util_gpu, row.mem_used_mib, total, row.temp_c, row.power_w, row.util_mem]
+
+
+class FleetFanout:
+    _instances: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FleetFanout] = weakref.WeakKeyDictionary()
+
+    def __init__(self, period: float) -> None:
+        self.period = period
+        self.latest: dict[int, dict[str, Any]] = {}
+        self._task: asyncio.Task | None = None
+
+    @classmethod
+    def for_loop(cls, loop: asyncio.AbstractEventLoop) -> FleetFanout:
+        if loop not in cls._instances:
+            cls._instances[loop] = cls(settings.FANOUT_SECONDS)
+        return cls._instances[loop]
+
+    def record(self, batch: list[Pending]) -> None:
+        """Keep the newest sample per GPU from a stored batch; called by the ingest buffer."""
+        for item in batch:
+            if not item.rows:
+                continue
+            entry = self.latest.setdefault(item.node_id, {"node": item.node_id, "t": 0.0, "gpus": {}})
+            for row in item.rows:
+                entry["gpus"][row.gpu_id] = gpu_point(row)
+            entry["t"] = max(entry["t"], item.rows[0].t.timestamp())
+        if self.latest and (self._task is None or self._task.done()):
+            self._task = asyncio.get_running_loop().create_task(self._send_soon())
+
+    async def _send_soon(self) -> None:
+        await asyncio.sleep(self.period)
+        nodes, self.latest = list(self.latest.values()), {}
+        await get_channel_layer().group_send(
+            FLEET_GROUP, {"type": "fleet.update", "sent": time.time(), "nodes": nodes}
+        )
+
+
+async def announce_node(node_id: int, name: str, status: str) -> None:
+    """Tell browsers at once that a node connected or went away (no waiting for the stale timer)."""
+    await get_channel_layer().group_send(
+        FLEET_GROUP, {"type": "fleet.node", "node": node_id, "name": name, "status": status}
+    )

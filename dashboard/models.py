@@ -1,0 +1,192 @@
+"""Fleet models: nodes, their agent tokens, GPUs, links and samples."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+from django.urls import reverse
+from django.utils import timezone
+
+from dashboard.choices import LinkClass, NodeStatus
+
+node_name_validator = RegexValidator(
+    r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$", "Node names are 1-63 letters, digits, dots, dashes or underscores."
+)
+
+
+class Node(models.Model):
+    """A GPU server with one agent. Inventory and topology come from the agent's hello."""
+
+    name = models.CharField(max_length=63, unique=True, validators=[node_name_validator])
+    hostname = models.CharField(max_length=200, blank=True)
+    simulated = models.BooleanField(default=False)
+    gpu_source = models.CharField(max_length=10, blank=True)
+    agent_version = models.CharField(max_length=50, blank=True)
+    driver_version = models.CharField(max_length=50, blank=True)
+    cuda_version = models.CharField(max_length=50, blank=True)
+    interval_s = models.FloatField(default=1.0)
+    topology = models.JSONField(null=True, blank=True)
+    # Replay bookkeeping: the agent process (boot_id) and the highest sequence number stored from it.
+    boot_id = models.CharField(max_length=64, blank=True)
+    last_seq = models.BigIntegerField(default=0)
+    connected = models.BooleanField(default=False)
+    last_seen = models.DateTimeField(null=True, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def get_absolute_url(self) -> str:
+        return reverse("node", args=[self.name])
+
+    def stale_after(self) -> timedelta:
+        return timedelta(seconds=self.interval_s * settings.STALE_AFTER_INTERVALS)
+
+    def status(self, now: datetime | None = None) -> str:
+        if self.last_seen is None:
+            return NodeStatus.NEW
+        if (now or timezone.now()) - self.last_seen <= self.stale_after():
+            return NodeStatus.ONLINE
+        return NodeStatus.STALE if self.connected else NodeStatus.OFFLINE
+
+    def status_color(self) -> str:
+        return NodeStatus.color(self.status())
+
+    def status_label(self) -> str:
+        return NodeStatus.label(self.status())
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class AgentToken(models.Model):
+    """A node's credential. Only its SHA-256 is stored; the token itself is shown once, at creation."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="tokens")
+    digest = models.CharField(max_length=64, unique=True, editable=False)
+    prefix = models.CharField(max_length=12, editable=False)
+    created = models.DateTimeField(auto_now_add=True)
+    revoked = models.DateTimeField(null=True, blank=True)
+    last_used = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.node.name}{', revoked' if self.revoked else ''})"
+
+    @classmethod
+    def issue(cls, node: Node) -> tuple[AgentToken, str]:
+        """Create a token for `node`; return the row and the plaintext (never stored)."""
+        plaintext = "lc_" + secrets.token_urlsafe(32)
+        row = cls.objects.create(node=node, digest=_digest(plaintext), prefix=plaintext[:10])
+        return row, plaintext
+
+    @classmethod
+    def authenticate(cls, plaintext: str) -> Node | None:
+        """The node a valid, unrevoked token belongs to, or None."""
+        if not plaintext or len(plaintext) > 200:
+            return None
+        row = cls.objects.select_related("node").filter(digest=_digest(plaintext), revoked=None).first()
+        if row is None:
+            return None
+        cls.objects.filter(pk=row.pk).update(last_used=timezone.now())
+        return row.node
+
+    def revoke(self) -> None:
+        self.revoked = timezone.now()
+        self.save(update_fields=["revoked"])
+
+
+class Gpu(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=200)
+    name = models.CharField(max_length=200)
+    pci_bus_id = models.CharField(max_length=64, blank=True)
+    memory_total_mib = models.PositiveIntegerField()
+    numa_node = models.IntegerField(null=True, blank=True)
+    power_limit_w = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index")]
+
+    def __str__(self) -> str:
+        return f"{self.node.name} GPU{self.index} ({self.name})"
+
+
+class Link(models.Model):
+    """One unordered pair of devices (GPU or NIC) on a node, as nvidia-smi topo labels it."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="links")
+    a = models.CharField(max_length=32)
+    b = models.CharField(max_length=32)
+    link = models.CharField(max_length=16)
+    p2p_read = models.CharField(max_length=8, blank=True)
+    p2p_write = models.CharField(max_length=8, blank=True)
+
+    class Meta:
+        ordering = ["node", "a", "b"]
+        constraints = [models.UniqueConstraint(fields=["node", "a", "b"], name="link_unique_pair")]
+
+    def __str__(self) -> str:
+        return f"{self.node.name} {self.a}-{self.b} {self.link}"
+
+    @property
+    def link_class(self) -> str:
+        return LinkClass.of(self.link)
+
+
+class GpuSample(models.Model):
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="samples")
+    t = models.DateTimeField()
+    seq = models.BigIntegerField()
+    util_gpu = models.FloatField()
+    util_mem = models.FloatField()
+    mem_used_mib = models.FloatField()
+    mem_free_mib = models.FloatField()
+    temp_c = models.FloatField()
+    power_w = models.FloatField()
+    power_limit_w = models.FloatField(null=True, blank=True)
+    sm_clock_mhz = models.FloatField(null=True, blank=True)
+    mem_clock_mhz = models.FloatField(null=True, blank=True)
+    throttle_reasons = models.BigIntegerField(default=0)
+    ecc_corrected = models.BigIntegerField(null=True, blank=True)
+    ecc_uncorrected = models.BigIntegerField(null=True, blank=True)
+    xids = models.JSONField(default=list, blank=True)
+    processes = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["gpu", "t"]
+        indexes = [models.Index(fields=["gpu", "t"], name="sample_gpu_time")]
+        constraints = [models.UniqueConstraint(fields=["gpu", "t"], name="sample_unique_time")]
+
+    def __str__(self) -> str:
+        return f"{self.gpu} @ {self.t:%H:%M:%S}"
+
+
+class LogChunk(models.Model):
+    """Lines of a log tail an agent sent in one message (agent output, later inference servers)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="log_chunks")
+    source = models.CharField(max_length=200)
+    seq = models.BigIntegerField()
+    t = models.DateTimeField()
+    lines = models.JSONField()
+
+    class Meta:
+        ordering = ["node", "t"]
+        indexes = [models.Index(fields=["node", "source", "t"], name="log_node_source_time")]
+        constraints = [models.UniqueConstraint(fields=["node", "seq"], name="log_unique_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.node.name} {self.source} ({len(self.lines)} lines)"
+
+

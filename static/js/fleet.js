@@ -1,0 +1,18 @@
+// Fleet page: refresh each GPU row from the live ticks.
+"use strict";
+function fmt(v, digits) { return v === null || v === undefined ? "–" : Number(v).toFixed(digits); }
+
+Live.onUpdate((msg) => {
+  for (const node of msg.nodes) {
+    for (const [gpuId, p] of Object.entries(node.gpus)) {
+      const row = document.querySelector(`tr.gpu[data-gpu="${gpuId}"]`);
+      if (!row) continue;
+      const [util, used, total, temp, power] = p;
+      row.querySelector(".util").textContent = `${fmt(util, 0)} %`;
+      row.querySelector(".fill").style.width = `${total ? (100 * used) / total : 0}%`;
+      row.querySelector(".mem").textContent = `${fmt(used, 0)} / ${fmt(total, 0)} MiB`;
+      row.querySelector(".temp").textContent = `${fmt(temp, 0)} °C`;
+      row.querySelector(".power").textContent = `${fmt(power, 0)} W`;
+    }
+  }
+});

@@ -1,0 +1,65 @@
+// The browser's live feed: one websocket to /ws/fleet/, reconnecting with backoff, and the stale timer.
+"use strict";
+const Live = (() => {
+  const handlers = { update: [], node: [] };
+  const lastSeen = new Map(); // node id -> browser clock ms of its last update
+  const STALE_INTERVALS = 3;
+  let retry = 500;
+
+  function setStatus(text, ok) {
+    const el = document.getElementById("live-status");
+    if (el) { el.textContent = text; el.className = "live-status " + (ok ? "ok" : "down"); }
+  }
+
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const ws = new WebSocket(`${scheme}://${location.host}/ws/fleet/`);
+    ws.onopen = () => { retry = 500; setStatus("live", true); };
+    ws.onclose = () => {
+      setStatus("reconnecting…", false);
+      setTimeout(connect, retry + Math.random() * retry);
+      retry = Math.min(retry * 2, 15000);
+    };
+    ws.onmessage = (ev) => dispatch(JSON.parse(ev.data));
+  }
+
+  function dispatch(msg) {
+    if (msg.type === "fleet.update") {
+      for (const n of msg.nodes) { lastSeen.set(String(n.node), Date.now()); markStatus(String(n.node), "online"); }
+      handlers.update.forEach((h) => h(msg));
+    } else if (msg.type === "fleet.node") {
+      if (msg.status === "online") lastSeen.set(String(msg.node), Date.now());
+      markStatus(String(msg.node), msg.status);
+      handlers.node.forEach((h) => h(msg));
+    }
+  }
+
+  const LABELS = { online: "Online", stale: "Stale", offline: "Offline", new: "Never connected" };
+  function markStatus(nodeId, status) {
+    document.querySelectorAll(`[data-node="${nodeId}"]`).forEach((section) => {
+      if (section.dataset.status === status) return;
+      section.dataset.status = status;
+      const badge = section.querySelector(".status");
+      if (badge) { badge.textContent = LABELS[status] || status; badge.className = "status status-" + status; }
+    });
+  }
+
+  function checkStale() {
+    document.querySelectorAll("[data-node][data-interval]").forEach((section) => {
+      const id = section.dataset.node;
+      const seen = lastSeen.get(id);
+      const limit = parseFloat(section.dataset.interval) * 1000 * STALE_INTERVALS;
+      if (section.dataset.status === "online" && (seen === undefined ? pageLoaded : seen) + limit < Date.now()) {
+        markStatus(id, "stale");
+      }
+    });
+  }
+
+  const pageLoaded = Date.now();
+  connect();
+  setInterval(checkStale, 500);
+  return {
+    onUpdate: (h) => handlers.update.push(h),
+    onNode: (h) => handlers.node.push(h),
+  };
+})();
