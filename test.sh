@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Set everything up and run the whole test suite (pytest arguments pass through, e.g. ./test.sh -m "not slow").
+set -euo pipefail
+cd "$(dirname "$0")"
+scripts/setup.sh requirements-dev.txt
+if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "installing Debian's chromium for the browser tests…"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "warning: could not install chromium; browser tests will be skipped" >&2
+fi
+exec .venv/bin/python -m pytest "$@"

