@@ -48,7 +48,7 @@ class FleetFanout:
                 continue
             entry = self.latest.setdefault(item.node_id, {"node": item.node_id, "t": 0.0, "gpus": {}})
             for row in item.rows:
-                entry["gpus"][row.gpu_id] = gpu_point(row)
+                entry["gpus"][str(row.gpu_id)] = gpu_point(row)  # msgpack in the layer wants str keys
             entry["t"] = max(entry["t"], item.rows[0].t.timestamp())
         if self.latest and (self._task is None or self._task.done()):
             self._task = asyncio.get_running_loop().create_task(self._send_soon())

@@ -139,3 +139,8 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
 }
+
+CELERY_BEAT_SCHEDULE = {
+    "announce-silent-nodes": {"task": "dashboard.tasks.announce_silent_nodes", "schedule": AGENT_INTERVAL * 2},
+    "prune-old-samples": {"task": "dashboard.tasks.prune_old_samples", "schedule": 3600.0},
+}

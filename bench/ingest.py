@@ -1,0 +1,234 @@
+"""Ingest benchmark: N simulated agents x G GPUs against the real stack (Redis, uvicorn, database).
+
+    .venv/bin/python bench/ingest.py --agents 50 --gpus 8 --interval 1 --seconds 30 --json
+
+Starts an embedded Redis and the ASGI server on a fresh database, runs N agents (the real agent code,
+`agents.runner.Agent` with simulated GPUs, all in one helper process), and a logged-in browser feed
+client. Prints samples_per_s (GPU samples stored per second), lost (GPU samples sent minus stored),
+p99_ingest_to_browser_ms (sample time to browser receipt), and the raw websocket echo capacity of
+this machine measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=int, default=10)
+    parser.add_argument("--gpus", type=int, default=8, choices=[2, 4, 8])
+    parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--role", default="main", choices=["main", "agents", "echo"], help=argparse.SUPPRESS)
+    parser.add_argument("--server", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--tokens", default="", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+SPEC_BY_GPUS = {2: "sim:rtx4090x2", 4: "sim:a30x4", 8: "sim:h100x8"}
+
+
+# ---- role "agents": the simulated fleet, in its own process -------------------------------------------
+async def run_agents(server: str, tokens: list[str], gpus: int, interval: float, seconds: float) -> dict:
+    from agents.gpus import make_source
+    from agents.runner import Agent
+
+    fleet = [Agent(server, t, make_source(SPEC_BY_GPUS[gpus]), interval) for t in tokens]
+    tasks = [asyncio.create_task(a.connect_forever()) for a in fleet]
+    loop, start = asyncio.get_running_loop(), asyncio.get_running_loop().time()
+    ticks = 0
+    while loop.time() - start < seconds:
+        for agent in fleet:
+            agent.collect()
+        ticks += 1
+        await asyncio.sleep(max(0.0, start + ticks * interval - loop.time()))
+    await drain(fleet, timeout=30)
+    for task in tasks:
+        task.cancel()
+    pending = sum(len(a.outbox.frames) for a in fleet)
+    return {"sent_gpu_samples": ticks * len(fleet) * gpus, "unacked_frames": pending,
+            "dropped_frames": sum(a.outbox.dropped for a in fleet)}
+
+
+async def drain(fleet: list, timeout: float) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while any(a.outbox.frames for a in fleet) and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.1)
+
+
+# ---- role "echo": a raw websocket echo server, for comparison -------------------------------------------
+async def echo_server(port: int) -> None:
+    import websockets
+
+    async def echo(ws):
+        async for message in ws:
+            await ws.send(message)
+
+    async with websockets.serve(echo, "127.0.0.1", port):
+        await asyncio.Future()
+
+
+async def echo_capacity(port: int, seconds: float = 3.0) -> float:
+    """Messages per second one client gets echoed, pipelined 100 deep."""
+    import websockets
+
+    payload = json.dumps({"type": "samples", "gpus": [{"util_gpu": 50.0}] * 8})
+    async with websockets.connect(f"ws://127.0.0.1:{port}") as ws:
+        done, start = 0, time.monotonic()
+        while time.monotonic() - start < seconds:
+            for _ in range(100):
+                await ws.send(payload)
+            for _ in range(100):
+                await ws.recv()
+            done += 100
+    return done / (time.monotonic() - start)
+
+
+# ---- role "main": the stack, the browser client, the numbers --------------------------------------------
+async def watch_browser(url: str, sessionid: str, stop: asyncio.Event, latencies: list[float]) -> None:
+    import websockets
+
+    headers = {"Cookie": f"sessionid={sessionid}", "Origin": url}
+    async with websockets.connect(url.replace("http", "ws", 1) + "/ws/fleet/", additional_headers=headers,
+                                  max_size=None) as ws:
+        while not stop.is_set():
+            try:
+                message = json.loads(await asyncio.wait_for(ws.recv(), timeout=0.5))
+            except TimeoutError:
+                continue
+            now = time.time()
+            if message["type"] == "fleet.update":
+                latencies.extend((now - n["t"]) * 1000 for n in message["nodes"])
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def setup_django(db_path: Path) -> None:
+    os.environ["DATABASE_URL"] = f"sqlite:///{db_path}"
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "layercake.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def make_fleet(n: int) -> tuple[list[str], str]:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from dashboard.models import AgentToken, Node
+
+    tokens = [AgentToken.issue(Node.objects.create(name=f"bench-{i:04d}"))[1] for i in range(n)]
+    user = get_user_model().objects.create_user("bench", password="bench-pw")
+    client = Client()
+    client.force_login(user)
+    return tokens, client.cookies["sessionid"].value
+
+
+def stored_samples() -> int:
+    from dashboard.models import GpuSample
+
+    return GpuSample.objects.count()
+
+
+async def measure(args: argparse.Namespace, url: str, tokens: list[str], sessionid: str, log: Path) -> dict:
+    latencies: list[float] = []
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(watch_browser(url, sessionid, stop, latencies))
+    with (log / "tokens").open("w") as fh:
+        fh.write("\n".join(tokens))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--role", "agents", "--server", url, "--tokens", str(log / "tokens"),
+        "--agents", str(args.agents), "--gpus", str(args.gpus), "--interval", str(args.interval),
+        "--seconds", str(args.seconds), stdout=subprocess.PIPE, cwd=ROOT)
+    out, _ = await proc.communicate()
+    await asyncio.sleep(1.5)  # let the last fan-out tick reach the browser client
+    stop.set()
+    await watcher
+    return {**json.loads(out), "latencies": latencies}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.role == "agents":
+        tokens = Path(args.tokens).read_text().split()
+        print(json.dumps(asyncio.run(run_agents(args.server, tokens, args.gpus, args.interval, args.seconds))))
+        return 0
+    if args.role == "echo":
+        asyncio.run(echo_server(int(args.server)))
+        return 0
+    result = run_main(args)
+    print(json.dumps(result, indent=None if args.json else 2))
+    return 0
+
+
+def run_main(args: argparse.Namespace) -> dict:
+    from dashboard import stack
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp)
+        setup_django(log / "bench.sqlite3")
+        redis_port, port, echo_port = stack.free_port(), stack.free_port(), stack.free_port()
+        services = [stack.redis_service(redis_port, log).start()]
+        stack.wait_for_port(redis_port)
+        env = {"REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "DATABASE_URL": os.environ["DATABASE_URL"]}
+        services.append(stack.asgi_service(port, env, log).start())
+        services.append(stack.Service("echo", [sys.executable, __file__, "--role", "echo", "--server",
+                                               str(echo_port)]).start())
+        try:
+            stack.wait_for_port(port)
+            stack.wait_for_port(echo_port)
+            echo = asyncio.run(echo_capacity(echo_port))
+            tokens, sessionid = make_fleet(args.agents)
+            started = time.monotonic()
+            outcome = asyncio.run(measure(args, f"http://127.0.0.1:{port}", tokens, sessionid, log))
+            elapsed = time.monotonic() - started
+            stored = stored_samples()
+        finally:
+            for service in reversed(services):
+                service.stop()
+    return summarize(args, outcome, stored, elapsed, echo)
+
+
+def summarize(args: argparse.Namespace, outcome: dict, stored: int, elapsed: float, echo: float) -> dict:
+    latencies = outcome["latencies"]
+    return {
+        "agents": args.agents, "gpus_per_agent": args.gpus, "interval_s": args.interval, "seconds": args.seconds,
+        "offered_samples_per_s": round(args.agents * args.gpus / args.interval, 1),
+        "samples_per_s": round(stored / args.seconds, 1),
+        "sent": outcome["sent_gpu_samples"], "stored": stored, "lost": outcome["sent_gpu_samples"] - stored,
+        "unacked_frames_at_end": outcome["unacked_frames"], "dropped_frames": outcome["dropped_frames"],
+        "p50_ingest_to_browser_ms": _round(percentile(latencies, 0.50)),
+        "p99_ingest_to_browser_ms": _round(percentile(latencies, 0.99)),
+        "browser_node_updates": len(latencies),
+        "raw_ws_echo_msgs_per_s": round(echo, 1),
+        "wall_s": round(elapsed, 1),
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""An operator in headless Chromium: log in, open a node, see the topology grid and a live chart."""
+
+import signal
+
+import pytest
+
+from tests.e2e import node_with_token, start_agent, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+
+def login(page, base_url: str) -> None:
+    page.goto(base_url + "/")
+    page.fill("input[name=username]", "alice")
+    page.fill("input[name=password]", "alice-pw-123")
+    page.click("button[type=submit]")
+    page.wait_for_url(base_url + "/")
+
+
+def test_it_shows_the_topology_grid_and_a_chart_receiving_points(live_stack, alice, browser, log_dir):
+    node, token = node_with_token("a30-seed")
+    agent = start_agent(live_stack.url, token, "sim:a30x4", log_dir)
+    try:
+        wait_until(lambda: node.gpus.count() == 4, what="agent hello")
+        page = browser.new_page()
+        login(page, live_stack.url)
+        assert page.locator("section.node h2 a", has_text="a30-seed").is_visible()
+        page.click("text=a30-seed")
+        page.wait_for_selector("table#topology")
+        cells = page.locator("table#topology tbody tr").nth(0).locator("td.cell").all_inner_texts()
+        assert cells[:4] == ["X", "SYS", "SYS", "SYS"]
+        page.wait_for_function("window.layercakePoints >= 2", timeout=15000)
+        points = page.evaluate("Chart.getChart('chart-' + document.querySelector('figure.chart').dataset.gpu)"
+                               ".data.datasets[0].data.length")
+        assert points >= 2
+        assert page.locator("#live-status").inner_text() == "live"
+        page.screenshot(path=str(log_dir / "node-page.png"), full_page=True)
+    finally:
+        agent.stop()
+
+
+def test_it_marks_a_node_stale_when_its_agent_goes_silent(live_stack, alice, browser, log_dir):
+    node, token = node_with_token("rtx4090-box")
+    agent = start_agent(live_stack.url, token, "sim:rtx4090x2", log_dir)
+    wait_until(lambda: node.gpus.count() == 2, what="agent hello")
+    page = browser.new_page()
+    login(page, live_stack.url)
+    section = page.locator(f'section.node[data-node="{node.pk}"]')
+    page.wait_for_function(f'document.querySelector(\'section[data-node="{node.pk}"]\').dataset.status == "online"')
+    agent.proc.send_signal(signal.SIGSTOP)  # the agent hangs without closing its socket
+    try:
+        page.wait_for_function(
+            f'document.querySelector(\'section[data-node="{node.pk}"]\').dataset.status == "stale"', timeout=5000)
+        assert section.locator(".status").inner_text() == "Stale"
+    finally:
+        agent.proc.send_signal(signal.SIGCONT)
+        agent.stop()
