@@ -21,7 +21,7 @@ from pathlib import Path
 import websockets
 
 from agents import __version__, protocol
-from agents.gpus.base import GpuSource
+from agents.gpus.base import GpuSource, GpuSourceError
 from agents.ring import Outbox
 
 log = logging.getLogger("agents")
@@ -103,9 +103,14 @@ class Agent:
 
     def collect(self) -> None:
         """Take one sample of every GPU, and any new log lines, into the outbox."""
-        now, gpus = time.time(), self.source.sample()
-        self.outbox.add(lambda seq: protocol.dump(
-            protocol.Samples(type="samples", v=protocol.VERSION, seq=seq, t=now, gpus=gpus)))
+        now = time.time()
+        try:
+            gpus = self.source.sample()
+        except GpuSourceError as exc:  # e.g. a GPU fell off the bus: keep the agent and its logs alive
+            log.error("sampling failed: %s", exc)
+        else:
+            self.outbox.add(lambda seq: protocol.dump(
+                protocol.Samples(type="samples", v=protocol.VERSION, seq=seq, t=now, gpus=gpus)))
         for tailer in self.tailers:
             for chunk in _chunks(tailer.read_new_lines(), protocol.MAX_LOG_LINES):
                 self.outbox.add(lambda seq, c=chunk, s=tailer.source: protocol.dump(
@@ -134,7 +139,7 @@ class Agent:
                 await self.session(backoff)
             except AgentRejected:
                 raise
-            except (OSError, websockets.WebSocketException, asyncio.TimeoutError) as exc:
+            except (TimeoutError, OSError, websockets.WebSocketException) as exc:
                 log.warning("connection to %s lost: %s", self.server, exc)
             delay = backoff.next_delay()
             log.info("reconnecting in %.1f s (%d samples waiting)", delay, len(self.outbox.frames))

@@ -46,7 +46,7 @@ async def run_agents(server: str, tokens: list[str], gpus: int, interval: float,
     from agents.gpus import make_source
     from agents.runner import Agent
 
-    fleet = [Agent(server, t, make_source(SPEC_BY_GPUS[gpus]), interval) for t in tokens]
+    fleet = [Agent(server, t, make_source(f"{SPEC_BY_GPUS[gpus]},seed={i}"), interval) for i, t in enumerate(tokens)]
     tasks = [asyncio.create_task(a.connect_forever()) for a in fleet]
     loop, start = asyncio.get_running_loop(), asyncio.get_running_loop().time()
     ticks = 0

@@ -28,7 +28,7 @@ def test_it_shows_the_topology_grid_and_a_chart_receiving_points(live_stack, ali
         page.click("text=a30-seed")
         page.wait_for_selector("table#topology")
         cells = page.locator("table#topology tbody tr").nth(0).locator("td.cell").all_inner_texts()
-        assert cells[:4] == ["X", "SYS", "SYS", "SYS"]
+        assert cells[:4] == ["X", "SYS\nNS/NS", "SYS\nNS/NS", "SYS\nNS/NS"]  # link, then P2P read/write
         page.wait_for_function("window.layercakePoints >= 2", timeout=15000)
         points = page.evaluate("Chart.getChart('chart-' + document.querySelector('figure.chart').dataset.gpu)"
                                ".data.datasets[0].data.length")

@@ -33,5 +33,5 @@ class GpuSource(ABC):
     def sample(self) -> list[GpuSample]:
         """One sample per GPU, including XID events seen since the previous call."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, most sources hold nothing
         """Release the driver handle; the default has nothing to release."""
