@@ -85,7 +85,7 @@ class Agent:
     def __post_init__(self) -> None:
         self.outbox = Outbox(capacity=max(1, int(self.buffer_seconds / self.interval)) * (1 + len(self.tailers)))
         self.wake = asyncio.Event()
-        self.acked = 0
+        self.connected = asyncio.Event()
 
     def ws_url(self) -> str:
         base = self.server.rstrip("/")
@@ -154,7 +154,11 @@ class Agent:
             backoff.reset()
             self.outbox.ack(welcome["last_seq"])
             log.info("connected as %s; replaying %d frames", welcome["node"], len(self.outbox.frames))
-            await self.exchange(ws)
+            self.connected.set()
+            try:
+                await self.exchange(ws)
+            finally:
+                self.connected.clear()
 
     async def expect_welcome(self, ws) -> dict:
         reply = json.loads(await asyncio.wait_for(ws.recv(), timeout=30))

@@ -7,6 +7,7 @@ import logging
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from redis.exceptions import RedisError
 
 from agents import protocol
 from dashboard import ingest
@@ -43,7 +44,19 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.node is not None and getattr(self, "gpu_ids", None) is not None:
             await database_sync_to_async(ingest.mark_disconnected)(self.node.pk)
-            await announce_node(self.node.pk, self.node.name, NodeStatus.STALE)
+            try:
+                await announce_node(self.node.pk, self.node.name, NodeStatus.STALE)
+            except RedisError as exc:  # many agents leaving at once; the beat task announces them anyway
+                log.warning("could not announce %s leaving: %s", self.node.name, exc)
+
+    async def dispatch(self, message: dict) -> None:
+        # Channels hops to the database thread before every handler to close stale connections. Agent
+        # frames reach the database only through the ingest buffer (which does that once per flush) or
+        # database_sync_to_async (which does it itself), so the hop per frame only queues behind writes.
+        if message["type"] == "websocket.receive":
+            await self.websocket_receive(message)
+        else:
+            await super().dispatch(message)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self.node is None:

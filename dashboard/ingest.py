@@ -9,6 +9,8 @@ agent for what is now stored, so an agent only forgets a sample once it is in th
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
@@ -17,7 +19,7 @@ from datetime import UTC, datetime
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import transaction
+from django.db import close_old_connections, transaction
 from django.db.models import Case, F, IntegerField, Value, When
 from django.utils import timezone
 
@@ -31,13 +33,24 @@ AckCallback = Callable[[int], Awaitable[None]]
 
 def apply_hello(node: Node, hello: Hello) -> dict[int, int]:
     """Record the agent's inventory and topology; return GPU index -> Gpu id for sample rows."""
+    digest = inventory_digest(hello)
     with transaction.atomic():
         if hello.boot_id != node.boot_id:
             node.boot_id, node.last_seq = hello.boot_id, 0
+        unchanged = digest == node.inventory_digest
+        node.inventory_digest = digest
         _update_node_fields(node, hello)
+        if unchanged:
+            return dict(node.gpus.values_list("index", "pk"))
         gpu_ids = _sync_gpus(node, hello)
         _sync_links(node, hello)
     return gpu_ids
+
+
+def inventory_digest(hello: Hello) -> str:
+    inventory = {"gpus": [g.model_dump() for g in hello.gpus],
+                 "topology": hello.topology.model_dump() if hello.topology else None}
+    return hashlib.sha256(json.dumps(inventory, sort_keys=True).encode()).hexdigest()
 
 
 def _update_node_fields(node: Node, hello: Hello) -> None:
@@ -148,6 +161,7 @@ class IngestBuffer:
 
 def store_batch(batch: list[Pending]) -> None:
     """Write every row of the batch and move each node's replay watermark, in one transaction."""
+    close_old_connections()
     highest: dict[int, int] = {}
     for item in batch:
         highest[item.node_id] = max(highest.get(item.node_id, 0), item.seq)

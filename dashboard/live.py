@@ -34,6 +34,7 @@ class FleetFanout:
         self.period = period
         self.latest: dict[int, dict[str, Any]] = {}
         self._task: asyncio.Task | None = None
+        self._last_sent = 0.0
 
     @classmethod
     def for_loop(cls, loop: asyncio.AbstractEventLoop) -> FleetFanout:
@@ -51,10 +52,13 @@ class FleetFanout:
                 entry["gpus"][str(row.gpu_id)] = gpu_point(row)  # msgpack in the layer wants str keys
             entry["t"] = max(entry["t"], item.rows[0].t.timestamp())
         if self.latest and (self._task is None or self._task.done()):
-            self._task = asyncio.get_running_loop().create_task(self._send_soon())
+            # Leading edge: send at once unless the previous tick went out less than a period ago.
+            delay = max(0.0, self._last_sent + self.period - time.monotonic())
+            self._task = asyncio.get_running_loop().create_task(self._send_after(delay))
 
-    async def _send_soon(self) -> None:
-        await asyncio.sleep(self.period)
+    async def _send_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        self._last_sent = time.monotonic()
         nodes, self.latest = list(self.latest.values()), {}
         await get_channel_layer().group_send(
             FLEET_GROUP, {"type": "fleet.update", "sent": time.time(), "nodes": nodes}
