@@ -128,17 +128,137 @@ class LogTail(Strict):
     ]
 
 
-AgentMessage = Annotated[Hello | Samples | LogTail, Field(discriminator="type")]
+DeploymentId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+DeploymentState = Literal["launching", "loading", "ready", "serving", "stopped", "failed"]
+
+
+class DeploymentStatus(Strict):
+    """The agent's word on one supervised inference server: a state change or loading progress."""
+
+    type: Literal["deployment"]
+    v: Literal[1]
+    seq: Annotated[int, Field(ge=1)]
+    t: Annotated[float, Field(gt=0)]
+    deployment: DeploymentId
+    state: DeploymentState
+    port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    pid: Annotated[int, Field(ge=1)] | None = None
+    exit_code: int | None = None
+    progress: Annotated[float, Field(ge=0, le=1)] | None = None
+    detail: Annotated[str, Field(max_length=4000)] = ""
+
+
+class ServerCounters(Strict):
+    """Cumulative counters and gauges scraped from one inference server (names are backend-neutral)."""
+
+    generation_tokens_total: NonNegative | None = None
+    prompt_tokens_total: NonNegative | None = None
+    requests_running: NonNegative | None = None
+    requests_waiting: NonNegative | None = None
+    kv_cache_usage: Annotated[float, Field(ge=0, le=1)] | None = None
+    ttft_seconds_sum: NonNegative | None = None
+    ttft_seconds_count: NonNegative | None = None
+    itl_seconds_sum: NonNegative | None = None
+    itl_seconds_count: NonNegative | None = None
+    steps_total: NonNegative | None = None
+    requests_finished_total: NonNegative | None = None
+
+
+class Metrics(Strict):
+    type: Literal["metrics"]
+    v: Literal[1]
+    seq: Annotated[int, Field(ge=1)]
+    t: Annotated[float, Field(gt=0)]
+    deployment: DeploymentId
+    counters: ServerCounters
+
+
+AgentMessage = Annotated[Hello | Samples | LogTail | DeploymentStatus | Metrics, Field(discriminator="type")]
+AGENT_TYPES = ("hello", "samples", "logs", "deployment", "metrics")
 
 
 class _AgentFrame(BaseModel):
     message: AgentMessage
 
 
-SEQUENCED = (Samples, LogTail)
+SEQUENCED = (Samples, LogTail, DeploymentStatus, Metrics)
 
 
-def parse_agent_message(raw: str | bytes) -> Hello | Samples | LogTail:
+# ---- server -> agent ---------------------------------------------------------------------------------
+Backend = Literal["vllm", "sglang", "llama.cpp", "ollama", "llama-cpp-python", "simulated"]
+EnvName = Literal[
+    "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG",
+    "OLLAMA_NUM_PARALLEL", "OLLAMA_CONTEXT_LENGTH", "VLLM_LOGGING_LEVEL", "OMP_NUM_THREADS",
+]
+SafeText = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:/+=,@-]{1,512}$")]
+
+
+class LaunchOptions(Strict):
+    """Everything a backend adapter may turn into argv. No free-form argv ever crosses the wire."""
+
+    tp: Annotated[int, Field(ge=1, le=64)] = 1
+    pp: Annotated[int, Field(ge=1, le=64)] = 1
+    max_model_len: Annotated[int, Field(ge=16, le=10_000_000)] | None = None
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = None
+    dtype: Annotated[str, Field(pattern=r"^[a-z0-9_]{1,16}$")] | None = None
+    kv_cache_dtype: Annotated[str, Field(pattern=r"^[a-z0-9_]{1,16}$")] | None = None
+    tensor_split: list[Annotated[float, Field(ge=0)]] | None = None
+    n_gpu_layers: Annotated[int, Field(ge=-1, le=10_000)] | None = None
+    parallel: Annotated[int, Field(ge=1, le=4096)] | None = None
+    served_model_name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")] | None = None
+    disable_custom_all_reduce: bool = False
+    enforce_eager: bool = False
+    threads: Annotated[int, Field(ge=1, le=1024)] | None = None
+    # simulated backend only: tokens/s to generate at, and how to misbehave
+    sim_tokens_per_s: Annotated[float, Field(gt=0, le=100_000)] | None = None
+    sim_fault: Literal["none", "nccl-init-hang", "stall", "crash"] = "none"
+
+
+class Launch(Strict):
+    type: Literal["launch"]
+    v: Literal[1]
+    deployment: DeploymentId
+    backend: Backend
+    model: SafeText
+    gpus: Annotated[list[Annotated[int, Field(ge=0, lt=256)]], Field(max_length=64)]
+    options: LaunchOptions = LaunchOptions()
+    env: dict[EnvName, SafeText] = {}
+
+
+class Stop(Strict):
+    type: Literal["stop"]
+    v: Literal[1]
+    deployment: DeploymentId
+
+
+class Restart(Strict):
+    type: Literal["restart"]
+    v: Literal[1]
+    deployment: DeploymentId
+
+
+ServerCommand = Annotated[Launch | Stop | Restart, Field(discriminator="type")]
+
+
+class _ServerFrame(BaseModel):
+    message: ServerCommand
+
+
+def parse_server_command(raw: str | bytes) -> Launch | Stop | Restart:
+    """Validate a command from the server on the agent side; refuses extra argv, unknown env, odd names."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError("bad_json", f"command is not JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("type") not in ("launch", "stop", "restart"):
+        raise ProtocolError("unknown_type", f"unknown command {data.get('type') if isinstance(data, dict) else data!r}")
+    try:
+        return _ServerFrame(message=data).message
+    except ValidationError as exc:
+        raise ProtocolError("invalid", _describe(exc)) from None
+
+
+def parse_agent_message(raw: str | bytes) -> Hello | Samples | LogTail | DeploymentStatus | Metrics:
     """Validate one frame from an agent; raise ProtocolError saying exactly what is wrong."""
     if len(raw) > MAX_FRAME_BYTES:
         raise ProtocolError("too_large", f"frame of {len(raw)} bytes exceeds {MAX_FRAME_BYTES}")
@@ -157,7 +277,7 @@ def _check_envelope(data: object) -> None:
     if not isinstance(data, dict):
         raise ProtocolError("invalid", "frame must be a JSON object")
     kind = data.get("type")
-    if kind not in ("hello", "samples", "logs"):
+    if kind not in AGENT_TYPES:
         raise ProtocolError("unknown_type", f"unknown message type {kind!r}")
     if data.get("v") != VERSION:
         raise ProtocolError("bad_version", f"protocol version {data.get('v')!r} not supported (server speaks {VERSION})")
