@@ -1,0 +1,62 @@
+"""The README's first command: `manage.py runstack` (what ./run.sh execs after setup) brings up the whole stack."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from dashboard import stack
+
+pytestmark = pytest.mark.slow
+
+
+def read_until(proc: subprocess.Popen, pattern: str, timeout: float = 90) -> re.Match:
+    deadline, seen = time.monotonic() + timeout, ""
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        seen += line
+        match = re.search(pattern, seen)
+        if match:
+            return match
+        if not line and proc.poll() is not None:
+            break
+    raise AssertionError(f"runstack did not print {pattern!r}; it printed:\n{seen}")
+
+
+def login(client: httpx.Client, username: str, password: str) -> None:
+    client.get("/accounts/login/")
+    form = {"username": username, "password": password, "csrfmiddlewaretoken": client.cookies["csrftoken"]}
+    response = client.post("/accounts/login/", data=form)
+    assert response.status_code == 302, response.text[:500]
+
+
+def test_it_runs_the_stack_with_an_embedded_redis_and_a_demo_fleet(tmp_path):
+    port = stack.free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
+    env |= {"DATABASE_URL": f"sqlite:///{tmp_path / 'run.sqlite3'}", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "manage.py", "runstack", "--port", str(port)], cwd=stack.BASE_DIR,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        read_until(proc, r"embedded Redis on 127\.0\.0\.1:\d+")
+        read_until(proc, rf"layercake is running: http://127\.0\.0\.1:{port}/")
+        creds = read_until(proc, r"log in as (\S+) / (\S+)")
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+            login(client, creds[1], creds[2])
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                page = client.get("/").text
+                if page.count(">Online<") == 3:
+                    break
+                time.sleep(0.5)
+        assert all(name in page for name in ("a30-seed", "h100-nvlink", "rtx4090-box"))
+        assert page.count(">Online<") == 3 and page.count("simulated</span>") == 3
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
