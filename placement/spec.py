@@ -1,0 +1,384 @@
+"""Model specs: the geometry the planner needs, from a catalog entry, an HF config.json or a GGUF file.
+
+Parameter counts come from the geometry (q/k/v/o projections, gated MLP or experts, embeddings,
+lm_head unless tied, vision tower). For catalog entries the per-layer count is scaled so the total
+equals the catalog's published figure (the scale is within 1 % of 1 for every entry; a test checks).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from placement.errors import PlacementError
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    num_heads: int
+    hidden_size: int
+    intermediate_size: int
+    depth: int
+    out_hidden_size: int
+    spatial_merge_size: int
+    params: float
+
+
+@dataclass(frozen=True)
+class GgufTensors:
+    """Exact tensor bytes from a GGUF file (read from the header; weights never loaded)."""
+
+    file_type: str
+    layer_bytes: tuple[float, ...]
+    embed_bytes: float
+    output_bytes: float  # output.weight, or the tied token_embd copy llama.cpp puts on the output GPU
+    projector_bytes: float  # sibling mmproj*.gguf, 0 when none
+    paths: tuple[str, ...]
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    ref: str  # what the operator typed; commands use it
+    source: str
+    architecture: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    native_format: str
+    num_experts: int = 0
+    experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    full_attention_layers: int | None = None  # layers whose KV grows with context (None: all)
+    sliding_layers: int = 0
+    sliding_window: int | None = None
+    vision: VisionSpec | None = None
+    text_params: float | None = None  # published total (catalog) the geometry is scaled to
+    gguf: GgufTensors | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def kv_layers(self) -> int:
+        return self.num_layers if self.full_attention_layers is None else self.full_attention_layers
+
+    @property
+    def expert_intermediate(self) -> int:
+        return self.moe_intermediate_size or self.intermediate_size
+
+    @property
+    def mlp_intermediate_active(self) -> int:
+        """Intermediate width one token passes through (top-k experts for MoE)."""
+        if not self.is_moe:
+            return self.intermediate_size
+        return self.experts_per_tok * self.expert_intermediate + self.shared_expert_intermediate_size
+
+    # ------------------------------------------------------------ parameter counts (geometry)
+
+    @property
+    def attn_qo_params(self) -> float:
+        return 2.0 * self.hidden_size * self.num_heads * self.head_dim
+
+    @property
+    def attn_kv_params(self) -> float:
+        return 2.0 * self.hidden_size * self.num_kv_heads * self.head_dim
+
+    @property
+    def expert_params(self) -> float:
+        """All experts of one layer (0 for dense)."""
+        return self.num_experts * 3.0 * self.hidden_size * self.expert_intermediate
+
+    @property
+    def dense_mlp_params(self) -> float:
+        """The always-active MLP part of one layer: dense MLP, or shared experts + router for MoE."""
+        if self.is_moe:
+            shared = 3.0 * self.hidden_size * self.shared_expert_intermediate_size
+            return shared + self.hidden_size * self.num_experts
+        return 3.0 * self.hidden_size * self.intermediate_size
+
+    @property
+    def geometric_layer_params(self) -> float:
+        return self.attn_qo_params + self.attn_kv_params + self.expert_params + self.dense_mlp_params \
+            + 2.0 * self.hidden_size
+
+    @property
+    def embed_params(self) -> float:
+        return float(self.vocab_size * self.hidden_size)
+
+    @property
+    def lm_head_params(self) -> float:
+        return 0.0 if self.tie_word_embeddings else self.embed_params
+
+    @property
+    def layer_scale(self) -> float:
+        """Factor that makes the geometry add up to the published text total (1.0 without one)."""
+        if not self.text_params:
+            return 1.0
+        return (self.text_params - self.embed_params - self.lm_head_params) / (
+            self.num_layers * self.geometric_layer_params)
+
+    @property
+    def layer_params(self) -> float:
+        return self.geometric_layer_params * self.layer_scale
+
+    @property
+    def total_text_params(self) -> float:
+        return self.num_layers * self.layer_params + self.embed_params + self.lm_head_params
+
+    @property
+    def vision_params(self) -> float:
+        return self.vision.params if self.vision else 0.0
+
+    @property
+    def total_params(self) -> float:
+        return self.total_text_params + self.vision_params
+
+    @property
+    def active_params(self) -> float:
+        """Parameters one token touches: all dense parts, top-k of the experts, embeddings once."""
+        inactive = self.expert_params * (1 - self.experts_per_tok / self.num_experts) if self.is_moe else 0.0
+        return self.total_text_params - self.num_layers * inactive * self.layer_scale
+
+    def kv_elements_per_token(self) -> int:
+        """K+V elements per token over the layers that grow with context (all ranks together)."""
+        return 2 * self.kv_layers * self.num_kv_heads * self.head_dim
+
+
+# ---------------------------------------------------------------- HF config.json
+
+
+def _int(config: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        if value is None:
+            raise PlacementError(f"{where}: missing '{key}'")
+        raise PlacementError(f"{where}: '{key}' must be a positive integer, got {value!r}")
+    return value
+
+
+def _text_config(config: dict[str, Any]) -> dict[str, Any]:
+    for key in ("text_config", "llm_config", "language_config"):
+        nested = config.get(key)
+        if isinstance(nested, dict) and "hidden_size" in nested:
+            return {**{k: v for k, v in config.items() if k != key}, **nested}
+    return config
+
+
+def _layer_kinds(text: dict[str, Any], layers: int, max_pos: int) -> tuple[int | None, int, int | None]:
+    """(full-attention layers, sliding layers, window) from layer_types / sliding_window."""
+    window = text.get("sliding_window")
+    window = window if isinstance(window, int) and window > 0 else None
+    kinds = text.get("layer_types")
+    if isinstance(kinds, list) and kinds:
+        full = sum(1 for kind in kinds if kind == "full_attention")
+        sliding = sum(1 for kind in kinds if kind == "sliding_attention")
+        return full, sliding, window
+    uses_window = text.get("use_sliding_window", True) and "max_window_layers" not in text
+    if window and uses_window and window < max_pos:
+        return 0, layers, window
+    return None, 0, None
+
+
+def vision_params(hidden: int, intermediate: int, depth: int, merge: int, out: int, mergers: int) -> float:
+    """ViT blocks (qkv+proj, 2-matrix MLP) plus patch mergers (MLP over merge x merge patches)."""
+    merged = hidden * merge * merge
+    return depth * (4.0 * hidden * hidden + 2.0 * hidden * intermediate) + mergers * (
+        merged * merged + merged * out)
+
+
+def _vision_from_config(config: dict[str, Any], where: str, text_hidden: int) -> VisionSpec | None:
+    vision = config.get("vision_config")
+    if not isinstance(vision, dict):
+        return None
+    hidden = _int(vision, "hidden_size", f"{where} vision_config", vision.get("embed_dim"))
+    heads = _int(vision, "num_heads", f"{where} vision_config", vision.get("num_attention_heads"))
+    depth = _int(vision, "depth", f"{where} vision_config", vision.get("num_hidden_layers"))
+    intermediate = _int(vision, "intermediate_size", f"{where} vision_config", 4 * hidden)
+    merge = int(vision.get("spatial_merge_size", 2))
+    out = int(vision.get("out_hidden_size", text_hidden))
+    mergers = 1 + len(vision.get("deepstack_visual_indexes") or [])
+    params = vision_params(hidden, intermediate, depth, merge, out, mergers)
+    return VisionSpec(heads, hidden, intermediate, depth, out, merge, params)
+
+
+def native_format_of(config: dict[str, Any]) -> str:
+    """bf16/fp16/fp32 from torch_dtype, or the quantization the checkpoint ships in."""
+    quant = config.get("quantization_config")
+    if isinstance(quant, dict):
+        return _quant_format(quant)
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, "bf16")
+
+
+def _quant_format(quant: dict[str, Any]) -> str:
+    method = str(quant.get("quant_method", "")).lower()
+    bits = quant.get("bits") or quant.get("w_bit")
+    if method in ("awq", "gptq"):
+        return method if bits in (None, 4) else "int8"
+    if method in ("fp8", "mxfp4"):
+        return method
+    if method == "bitsandbytes":
+        return "int4" if quant.get("load_in_4bit") else "int8"
+    text = json.dumps(quant)
+    if '"num_bits": 4' in text:
+        return "int4"
+    return "fp8" if '"type": "float"' in text else "int8"
+
+
+def spec_from_hf_config(config: dict[str, Any], name: str, ref: str, source: str) -> ModelSpec:
+    where = source
+    text = _text_config(config)
+    hidden = _int(text, "hidden_size", where)
+    layers = _int(text, "num_hidden_layers", where)
+    heads = _int(text, "num_attention_heads", where)
+    kv_heads = _int(text, "num_key_value_heads", where, heads)
+    head_dim = _int(text, "head_dim", where, hidden // heads)
+    max_pos = _int(text, "max_position_embeddings", where, 4096)
+    full, sliding, window = _layer_kinds(text, layers, max_pos)
+    experts = int(text.get("num_local_experts") or text.get("num_experts") or 0)
+    arch = (config.get("architectures") or [text.get("model_type", "unknown")])[0]
+    return ModelSpec(
+        name=name, ref=ref, source=source, architecture=str(arch), hidden_size=hidden, num_layers=layers,
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        intermediate_size=_int(text, "intermediate_size", where),
+        vocab_size=_int(text, "vocab_size", where), max_position_embeddings=max_pos,
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+        native_format=native_format_of(config), num_experts=experts,
+        experts_per_tok=int(text.get("num_experts_per_tok") or 0) if experts else 0,
+        moe_intermediate_size=int(text.get("moe_intermediate_size") or 0),
+        shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size") or 0),
+        full_attention_layers=full, sliding_layers=sliding, sliding_window=window,
+        vision=_vision_from_config(config, where, hidden),
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise PlacementError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    except OSError as exc:
+        raise PlacementError(f"{path}: cannot read ({exc.strerror})") from exc
+    if not isinstance(data, dict):
+        raise PlacementError(f"{path}: expected a JSON object")
+    return data
+
+
+def load_hf_config(path: Path, ref: str) -> ModelSpec:
+    name = path.parent.name if path.name == "config.json" else path.stem
+    return spec_from_hf_config(_read_json(path), name, ref, str(path))
+
+
+# ---------------------------------------------------------------- catalog
+
+
+@cache
+def catalog() -> dict[str, dict[str, Any]]:
+    """The built-in catalog (a copy of fixtures/placement/model_configs.json)."""
+    raw = resources.files("placement.data").joinpath("model_configs.json").read_text(encoding="utf-8")
+    return json.loads(raw)
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+# Quantization suffixes in Ollama tags and file names (qwen3-vl-32b-instruct-bf16, llama3:70b-q4_K_M).
+_QUANT_SUFFIX = re.compile(r"[-_:.](bf16|fp16|f16|fp32|f32|fp8|int8|int4|awq|gptq|mxfp4|i?q\d[\w]*)$",
+                           re.IGNORECASE)
+
+
+def split_quant_suffix(name: str) -> tuple[str, str | None]:
+    """('qwen3-vl-32b-instruct', 'bf16') from 'qwen3-vl-32b-instruct-bf16'."""
+    match = _QUANT_SUFFIX.search(name)
+    if not match:
+        return name, None
+    return name[: match.start()], match.group(1)
+
+
+def find_catalog_key(ref: str) -> str | None:
+    """Catalog key for an HF id, a path whose last part is a catalog name, or an Ollama-style tag."""
+    entries = catalog()
+    last = ref.rstrip("/").split("/")[-1].removesuffix(":latest")
+    by_norm = {_norm(key): key for key in entries}
+    by_norm.update({_norm(entry.get("hf_repo", "")): key for key, entry in entries.items()})
+    stem, _ = split_quant_suffix(last)
+    for candidate in (ref, last, stem):
+        key = by_norm.get(_norm(candidate))
+        if key:
+            return key
+    prefixed = sorted({key for norm, key in by_norm.items() if _norm(stem) and norm.startswith(_norm(stem))})
+    return prefixed[0] if len(prefixed) == 1 else None
+
+
+def _catalog_vision(entry: dict[str, Any], text_hidden: int) -> VisionSpec | None:
+    tower = entry.get("vision_tower")
+    if not tower:
+        return None
+    return VisionSpec(int(tower["num_heads"]), int(tower["hidden_size"]), int(tower["intermediate_size"]),
+                      int(tower["depth"]), int(tower.get("out_hidden_size", text_hidden)),
+                      int(tower.get("spatial_merge_size", 2)), float(tower["params_b"]) * 1e9)
+
+
+def catalog_spec(key: str, ref: str) -> ModelSpec:
+    entry = catalog()[key]
+    spec = spec_from_hf_config(entry, key, ref, f"built-in catalog entry '{key}'")
+    spec.vision = _catalog_vision(entry, spec.hidden_size)
+    text_b = entry.get("params_b_text") or entry["params_b_total"] - entry.get("params_b_vision", 0.0)
+    spec.text_params = float(text_b) * 1e9
+    if "kv_layers" in entry:
+        spec.full_attention_layers = int(entry["kv_layers"])
+        spec.sliding_layers = spec.num_layers - spec.full_attention_layers
+    if "MXFP4" in entry.get("note", ""):
+        spec.native_format = "mxfp4"
+    return spec
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def load_model(ref: str) -> ModelSpec:
+    """A model from a config.json (or its folder), a .gguf file (or a folder of them) or the catalog."""
+    if not ref or not ref.strip():
+        raise PlacementError("no model given")
+    path = Path(ref)
+    if path.is_dir():
+        return _load_folder(path, ref)
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            from placement.gguf_spec import load_gguf
+
+            return load_gguf(path, ref)
+        return load_hf_config(path, ref)
+    key = find_catalog_key(ref)
+    if key is None:
+        known = ", ".join(sorted(catalog()))
+        raise PlacementError(f"unknown model '{ref}': no such file, and not in the built-in catalog ({known})")
+    return catalog_spec(key, ref)
+
+
+def _load_folder(path: Path, ref: str) -> ModelSpec:
+    if (path / "config.json").is_file():
+        return load_hf_config(path / "config.json", ref)
+    from placement.gguf_spec import load_gguf, main_gguf_files
+
+    files = main_gguf_files(path)
+    if len(files) != 1:
+        found = ", ".join(p.name for p in files) or "none"
+        raise PlacementError(f"{path}: need a config.json or exactly one model .gguf (found: {found})")
+    return load_gguf(files[0], ref)
