@@ -187,7 +187,7 @@ SEQUENCED = (Samples, LogTail, DeploymentStatus, Metrics)
 # ---- server -> agent ---------------------------------------------------------------------------------
 Backend = Literal["vllm", "sglang", "llama.cpp", "ollama", "llama-cpp-python", "simulated"]
 EnvName = Literal[
-    "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG",
+    "CUDA_DEVICE_ORDER", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG",
     "OLLAMA_NUM_PARALLEL", "OLLAMA_CONTEXT_LENGTH", "VLLM_LOGGING_LEVEL", "OMP_NUM_THREADS",
 ]
 SafeText = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:/+=,@-]{1,512}$")]

@@ -1,6 +1,17 @@
 from django.contrib import admin, messages
 
-from dashboard.models import AgentToken, Gpu, GpuSample, Link, LogChunk, Node
+from dashboard.models import (
+    AgentToken,
+    Deployment,
+    DeploymentEvent,
+    DeploymentMetric,
+    Gpu,
+    GpuSample,
+    Link,
+    LogChunk,
+    Node,
+    PlanRequest,
+)
 
 
 class GpuInline(admin.TabularInline):
@@ -62,3 +73,34 @@ class GpuSampleAdmin(admin.ModelAdmin):
 class LogChunkAdmin(admin.ModelAdmin):
     list_display = ("node", "source", "t", "seq")
     list_filter = ("node", "source")
+
+
+@admin.register(PlanRequest)
+class PlanRequestAdmin(admin.ModelAdmin):
+    list_display = ("pk", "model_ref", "max_model_len", "concurrency", "status", "created", "created_by")
+    list_filter = ("status",)
+
+
+class DeploymentEventInline(admin.TabularInline):
+    model = DeploymentEvent
+    extra = 0
+    readonly_fields = ("t", "state", "detail")
+
+
+@admin.register(Deployment)
+class DeploymentAdmin(admin.ModelAdmin):
+    list_display = ("pk", "name", "node", "state", "tokens_per_s", "created")
+    list_filter = ("state", "node")
+    inlines = [DeploymentEventInline]
+
+
+@admin.register(DeploymentEvent)
+class DeploymentEventAdmin(admin.ModelAdmin):
+    list_display = ("deployment", "t", "state", "detail")
+    list_filter = ("state",)
+
+
+@admin.register(DeploymentMetric)
+class DeploymentMetricAdmin(admin.ModelAdmin):
+    list_display = ("deployment", "t", "generation_tokens_per_s", "requests_running", "requests_waiting")
+    list_filter = ("deployment",)

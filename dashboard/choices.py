@@ -50,3 +50,39 @@ class LinkClass(ChoiceSet):
     def of(cls, label: str) -> str:
         """The class of a printed label: NV12 -> NV, everything else as printed."""
         return "NV" if label.startswith("NV") and label[2:].isdigit() else label
+
+
+class PlanStatus(ChoiceSet):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CHOICES = [
+        (QUEUED, "Queued", "gray"),
+        (RUNNING, "Planning", "blue"),
+        (DONE, "Planned", "green"),
+        (FAILED, "Failed", "red"),
+    ]
+
+
+class DeploymentState(ChoiceSet):
+    PLANNED = "planned"
+    LAUNCHING = "launching"
+    LOADING = "loading"
+    READY = "ready"
+    SERVING = "serving"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    CHOICES = [
+        (PLANNED, "Planned", "gray"),
+        (LAUNCHING, "Launching", "blue"),
+        (LOADING, "Loading", "blue"),
+        (READY, "Ready", "teal"),
+        (SERVING, "Serving", "green"),
+        (STOPPING, "Stopping", "orange"),
+        (STOPPED, "Stopped", "gray"),
+        (FAILED, "Failed", "red"),
+    ]
+    # The agent should be running a process for these; a reconnecting agent is told to again.
+    ACTIVE = (LAUNCHING, LOADING, READY, SERVING)

@@ -10,9 +10,9 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from redis.exceptions import RedisError
 
 from agents import protocol
-from dashboard import ingest
+from dashboard import deploy, ingest
 from dashboard.choices import NodeStatus
-from dashboard.live import FLEET_GROUP, announce_node
+from dashboard.live import FLEET_GROUP, agent_group, announce_node
 from dashboard.models import AgentToken, Node
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.close(CLOSE_UNAUTHORIZED)
 
     async def disconnect(self, code: int) -> None:
+        if self.node is not None:
+            await self.channel_layer.group_discard(agent_group(self.node.pk), self.channel_name)
         if self.node is not None and getattr(self, "gpu_ids", None) is not None:
             await database_sync_to_async(ingest.mark_disconnected)(self.node.pk)
             try:
@@ -85,18 +87,30 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.gpu_ids = await database_sync_to_async(ingest.apply_hello)(node, message)
         self.node, self.accepted_seq = node, node.last_seq
         await self.send(protocol.welcome(node.name, node.last_seq))
+        await self.channel_layer.group_add(agent_group(node.pk), self.channel_name)
+        for frame in await database_sync_to_async(deploy.desired_launches)(node):
+            await self.send(frame)  # the agent launches idempotently: this only restores what it lost
         await announce_node(node.pk, node.name, NodeStatus.ONLINE)
 
-    def enqueue(self, message: protocol.Samples | protocol.LogTail) -> None:
+    async def agent_command(self, event: dict) -> None:
+        """A command for this node's agent from a Celery task (launch, stop, restart)."""
+        if getattr(self, "gpu_ids", None) is not None:
+            await self.send(event["frame"])
+
+    def enqueue(self, message: protocol.Samples | protocol.LogTail | protocol.DeploymentStatus | protocol.Metrics) -> None:
+        rows, logs, report = [], [], None
         if isinstance(message, protocol.Samples):
             unknown = {s.index for s in message.gpus} - set(self.gpu_ids)
             if unknown:
                 raise protocol.ProtocolError("unknown_gpu", f"GPU index {sorted(unknown)} not announced in hello")
-            rows, logs = ingest.sample_rows(message, self.gpu_ids), []
+            rows = ingest.sample_rows(message, self.gpu_ids)
+        elif isinstance(message, protocol.LogTail):
+            logs = [ingest.log_row(message, self.node.pk)]
         else:
-            rows, logs = [], [ingest.log_row(message, self.node.pk)]
+            report = message
         self.accepted_seq = message.seq
-        ingest.ingest_buffer().add(ingest.Pending(self.node.pk, message.seq, rows, logs, self.acknowledge))
+        pending = ingest.Pending(self.node.pk, message.seq, rows, logs, self.acknowledge, report)
+        ingest.ingest_buffer().add(pending)
 
     async def acknowledge(self, seq: int) -> None:
         await self.send(protocol.ack(seq))
@@ -120,4 +134,7 @@ class FleetConsumer(AsyncWebsocketConsumer):
         await self.send(json.dumps(event))
 
     async def fleet_node(self, event: dict) -> None:
+        await self.send(json.dumps(event))
+
+    async def fleet_plan(self, event: dict) -> None:
         await self.send(json.dumps(event))

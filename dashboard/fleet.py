@@ -9,9 +9,9 @@ from typing import Any
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
-from dashboard.choices import LinkClass
+from dashboard.choices import DeploymentState, LinkClass
 from dashboard.live import gpu_point
-from dashboard.models import Gpu, GpuSample, Node
+from dashboard.models import Deployment, Gpu, GpuSample, LogChunk, Node
 
 
 @dataclass
@@ -37,10 +37,12 @@ def _point(sample: GpuSample | None) -> list[float | None] | None:
     return gpu_point(sample) if sample else None
 
 
-def gpu_history(node: Node, minutes: int) -> dict[str, list[list[float]]]:
+def gpu_history(node: Node, minutes: int, indices: list[int] | None = None) -> dict[str, list[list[float]]]:
     """Per GPU id: [[unix_ms, util, mem_used_mib, temp, power], ...] for the node page's charts."""
     since = timezone.now() - timedelta(minutes=minutes)
     rows = GpuSample.objects.filter(gpu__node=node, t__gte=since).order_by("t")
+    if indices is not None:
+        rows = rows.filter(gpu__index__in=indices)
     history: dict[str, list[list[float]]] = {}
     for gpu_id, t, util, mem, temp, power in rows.values_list("gpu_id", "t", "util_gpu", "mem_used_mib",
                                                                  "temp_c", "power_w"):
@@ -48,8 +50,9 @@ def gpu_history(node: Node, minutes: int) -> dict[str, list[list[float]]]:
     return history
 
 
-def topology_grid(node: Node) -> dict[str, Any] | None:
-    """Rows and columns of the node's topology matrix, each cell with its label, class color and P2P."""
+def topology_grid(node: Node, selected: set[int] | None = None) -> dict[str, Any] | None:
+    """Rows and columns of the node's topology matrix, each cell with its label, class color and P2P;
+    `selected` GPU indices (a plan's) are flagged so the page can highlight them."""
     topo = node.topology
     if not topo:
         return None
@@ -61,7 +64,12 @@ def topology_grid(node: Node) -> dict[str, Any] | None:
         row["cpu_affinity"] = affinity.get(row["name"], {}).get("cpu_affinity") or ""
         row["numa_affinity"] = affinity.get(row["name"], {}).get("numa_affinity") or ""
     nics = {n["name"]: n["device"] for n in topo.get("nics", [])}
-    return {"columns": names, "rows": rows, "nics": nics}
+    chosen = {f"GPU{i}" for i in selected or ()}
+    for row in rows:
+        row["selected"] = row["name"] in chosen
+        for cell in row["cells"]:
+            cell["selected"] = row["name"] in chosen and cell["peer"] in chosen
+    return {"columns": names, "rows": rows, "nics": nics, "selected": sorted(chosen)}
 
 
 def _cell(a: str, b: str, links: dict) -> dict[str, str]:
@@ -76,3 +84,26 @@ def _cell(a: str, b: str, links: dict) -> dict[str, str]:
 
 def link_legend() -> list[tuple[str, str, str]]:
     return [c for c in LinkClass.CHOICES if c[0] not in ("SOC", "X")]
+
+
+def active_deployments() -> list[Deployment]:
+    return list(Deployment.objects.select_related("node").exclude(state__in=(DeploymentState.STOPPED,))[:100])
+
+
+def log_tail(deployment: Deployment, lines: int = 200) -> list[str]:
+    """The newest log lines the agent sent for this deployment's process."""
+    chunks = LogChunk.objects.filter(node=deployment.node, source=deployment.pk).order_by("-t", "-seq")[:50]
+    tail: list[str] = []
+    for chunk in chunks:
+        tail[:0] = chunk.lines
+        if len(tail) >= lines:
+            break
+    return tail[-lines:]
+
+
+def metric_history(deployment: Deployment, minutes: int) -> list[list[float | None]]:
+    """[[unix_ms, generation tok/s, running, waiting], ...] for the deployment chart."""
+    since = timezone.now() - timedelta(minutes=minutes)
+    rows = deployment.metrics.filter(t__gte=since).order_by("t")
+    return [[m.t.timestamp() * 1000, m.generation_tokens_per_s, m.requests_running, m.requests_waiting]
+            for m in rows]

@@ -23,9 +23,9 @@ from django.db import close_old_connections, transaction
 from django.db.models import Case, F, IntegerField, Value, When
 from django.utils import timezone
 
+from agents.protocol import DeploymentStatus, Hello, LogTail, Metrics, Samples
 from agents.protocol import GpuSample as SampleMessage
-from agents.protocol import Hello, LogTail, Samples
-from dashboard.models import Gpu, GpuSample, Link, LogChunk, Node
+from dashboard.models import Deployment, Gpu, GpuSample, Link, LogChunk, Node
 
 log = logging.getLogger(__name__)
 AckCallback = Callable[[int], Awaitable[None]]
@@ -120,6 +120,9 @@ class Pending:
     rows: list[GpuSample]
     logs: list[LogChunk]
     on_stored: AckCallback
+    report: DeploymentStatus | Metrics | None = None
+    # Filled in when stored: the deployment's summary for the live pages.
+    deployment_summary: dict | None = None
 
 
 @dataclass
@@ -168,7 +171,32 @@ def store_batch(batch: list[Pending]) -> None:
     with transaction.atomic():
         GpuSample.objects.bulk_create([r for i in batch for r in i.rows], ignore_conflicts=True, batch_size=2000)
         LogChunk.objects.bulk_create([r for i in batch for r in i.logs], batch_size=500)
+        for item in batch:
+            if item.report is not None:
+                item.deployment_summary = apply_report(item.node_id, item.report)
         _advance_watermarks(highest)
+
+
+def apply_report(node_id: int, report: DeploymentStatus | Metrics) -> dict | None:
+    """A deployment status or metrics report from an agent, applied in sequence order with the samples."""
+    deployment = Deployment.objects.filter(pk=report.deployment, node_id=node_id).first()
+    if deployment is None:
+        log.warning("node %s reported on unknown deployment %s", node_id, report.deployment)
+        return None
+    if isinstance(report, DeploymentStatus):
+        deployment.apply_status(report)
+    else:
+        deployment.record_metrics(report.t, report.counters)
+    return deployment_summary(deployment)
+
+
+def deployment_summary(deployment: Deployment) -> dict:
+    """What the live pages show of a deployment (sent in fleet ticks)."""
+    counters = deployment.last_counters or {}
+    return {"id": deployment.pk, "node": deployment.node_id, "state": deployment.state,
+            "label": deployment.state_label(), "progress": deployment.progress,
+            "tokens_per_s": deployment.tokens_per_s, "t": deployment.last_counters_t,
+            "running": counters.get("requests_running"), "waiting": counters.get("requests_waiting")}
 
 
 def _advance_watermarks(highest: dict[int, int]) -> None:

@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 FLEET_GROUP = "fleet"
 
 
+def agent_group(node_id: int) -> str:
+    """The channel-layer group of a node's connected agent (commands from Celery go here)."""
+    return f"agent-{node_id}"
+
+
 def gpu_point(row: Any) -> list[float | None]:
     """The compact per-GPU values the pages draw: [util, mem_used, mem_total, temp, power, util_mem]."""
     total = row.mem_used_mib + row.mem_free_mib
@@ -33,6 +38,7 @@ class FleetFanout:
     def __init__(self, period: float) -> None:
         self.period = period
         self.latest: dict[int, dict[str, Any]] = {}
+        self.deployments: dict[str, dict[str, Any]] = {}
         self._task: asyncio.Task | None = None
         self._last_sent = 0.0
 
@@ -45,13 +51,15 @@ class FleetFanout:
     def record(self, batch: list[Pending]) -> None:
         """Keep the newest sample per GPU from a stored batch; called by the ingest buffer."""
         for item in batch:
+            if item.deployment_summary is not None:
+                self.deployments[item.deployment_summary["id"]] = item.deployment_summary
             if not item.rows:
                 continue
             entry = self.latest.setdefault(item.node_id, {"node": item.node_id, "t": 0.0, "gpus": {}})
             for row in item.rows:
                 entry["gpus"][str(row.gpu_id)] = gpu_point(row)  # msgpack in the layer wants str keys
             entry["t"] = max(entry["t"], item.rows[0].t.timestamp())
-        if self.latest and (self._task is None or self._task.done()):
+        if (self.latest or self.deployments) and (self._task is None or self._task.done()):
             # Leading edge: send at once unless the previous tick went out less than a period ago.
             delay = max(0.0, self._last_sent + self.period - time.monotonic())
             self._task = asyncio.get_running_loop().create_task(self._send_after(delay))
@@ -60,8 +68,9 @@ class FleetFanout:
         await asyncio.sleep(delay)
         self._last_sent = time.monotonic()
         nodes, self.latest = list(self.latest.values()), {}
+        deployments, self.deployments = list(self.deployments.values()), {}
         await get_channel_layer().group_send(
-            FLEET_GROUP, {"type": "fleet.update", "sent": time.time(), "nodes": nodes}
+            FLEET_GROUP, {"type": "fleet.update", "sent": time.time(), "nodes": nodes, "deployments": deployments}
         )
 
 
@@ -70,3 +79,15 @@ async def announce_node(node_id: int, name: str, status: str) -> None:
     await get_channel_layer().group_send(
         FLEET_GROUP, {"type": "fleet.node", "node": node_id, "name": name, "status": status}
     )
+
+
+async def announce_deployment(summary: dict[str, Any]) -> None:
+    """A deployment state change made on the server side (launch sent, stop requested)."""
+    await get_channel_layer().group_send(FLEET_GROUP, {"type": "fleet.update", "sent": time.time(), "nodes": [],
+                                                       "deployments": [summary]})
+
+
+async def announce_plan(request_id: int, status: str) -> None:
+    """Plans for a deploy-form request are ready (or failed): the waiting page fetches them once."""
+    await get_channel_layer().group_send(FLEET_GROUP, {"type": "fleet.plan", "request": request_id,
+                                                       "status": status})

@@ -9,9 +9,12 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from dashboard.choices import NodeStatus
-from dashboard.live import announce_node
-from dashboard.models import GpuSample, LogChunk, Node
+from agents import protocol
+from dashboard import deploy
+from dashboard.choices import DeploymentState, NodeStatus
+from dashboard.ingest import deployment_summary
+from dashboard.live import agent_group, announce_deployment, announce_node, announce_plan
+from dashboard.models import Deployment, GpuSample, LogChunk, Node
 
 
 @shared_task(ignore_result=False)
@@ -33,3 +36,50 @@ def announce_silent_nodes() -> list[str]:
             async_to_sync(announce_node)(node.pk, node.name, status)
             silent.append(node.name)
     return silent
+
+
+@shared_task(ignore_result=False, acks_late=True, autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def plan_request(request_id: int) -> str:
+    """Plan a deploy-form request against the live fleet and tell the waiting page."""
+    row = deploy.run_plan_request(request_id)
+    async_to_sync(announce_plan)(row.pk, row.status)
+    return row.status
+
+
+@shared_task(ignore_result=False, acks_late=True, autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def launch_deployment(deployment_id: str) -> str:
+    """Send the launch command to the node's agent. Safe to run twice: the agent launches once per id."""
+    deployment = Deployment.objects.select_related("node").get(pk=deployment_id)
+    if deployment.state not in (DeploymentState.PLANNED, DeploymentState.LAUNCHING):
+        return deployment.state
+    deployment.move_to(DeploymentState.LAUNCHING, f"launch sent to {deployment.node.name}")
+    send_to_agent(deployment, protocol.dump(deployment.launch_command()))
+    return deployment.state
+
+
+@shared_task(ignore_result=False, acks_late=True)
+def stop_deployment(deployment_id: str) -> str:
+    deployment = Deployment.objects.select_related("node").get(pk=deployment_id)
+    if deployment.state in (DeploymentState.STOPPED, DeploymentState.FAILED):
+        deployment.move_to(DeploymentState.STOPPED, "stopped by the operator")
+    else:
+        deployment.move_to(DeploymentState.STOPPING, "stop sent to the agent")
+    send_to_agent(deployment, protocol.dump(protocol.Stop(type="stop", v=1, deployment=deployment.pk)))
+    return deployment.state
+
+
+@shared_task(ignore_result=False, acks_late=True)
+def restart_deployment(deployment_id: str) -> str:
+    deployment = Deployment.objects.select_related("node").get(pk=deployment_id)
+    deployment.move_to(DeploymentState.LAUNCHING, "restart sent to the agent", exit_code=None, progress=None)
+    send_to_agent(deployment, protocol.dump(protocol.Restart(type="restart", v=1, deployment=deployment.pk)))
+    return deployment.state
+
+
+def send_to_agent(deployment: Deployment, frame: str) -> None:
+    """Hand a command to the node's agent (if it is connected; on reconnect it gets its launches again)."""
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    async_to_sync(layer.group_send)(agent_group(deployment.node_id), {"type": "agent.command", "frame": frame})
+    async_to_sync(announce_deployment)(deployment_summary(deployment))

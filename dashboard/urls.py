@@ -5,4 +5,11 @@ from dashboard import views
 urlpatterns = [
     path("", views.fleet_page, name="fleet"),
     path("nodes/<str:name>/", views.node_page, name="node"),
+    path("deploy/", views.deploy_page, name="deploy"),
+    path("deploy/plans/<int:pk>/", views.plan_page, name="plan"),
+    path("deploy/plans/<int:pk>/fragment/", views.plan_fragment, name="plan-fragment"),
+    path("deploy/plans/<int:pk>/<int:number>/deploy/", views.deploy_plan, name="deploy-plan"),
+    path("deployments/", views.deployments_page, name="deployments"),
+    path("deployments/<str:pk>/", views.deployment_page, name="deployment"),
+    path("deployments/<str:pk>/<str:action>/", views.deployment_action, name="deployment-action"),
 ]

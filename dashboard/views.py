@@ -1,16 +1,20 @@
 from __future__ import annotations
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
 
-from dashboard import fleet
-from dashboard.models import Node
+from dashboard import deploy, fleet, tasks
+from dashboard.forms import DeployForm
+from dashboard.models import Deployment, Node, PlanRequest
 
 
 @login_required
 def fleet_page(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/fleet.html", {"nodes": fleet.fleet_overview()})
+    context = {"nodes": fleet.fleet_overview(), "deployments": fleet.active_deployments()}
+    return render(request, "dashboard/fleet.html", context)
 
 
 @login_required
@@ -24,3 +28,83 @@ def node_page(request: HttpRequest, name: str) -> HttpResponse:
         "legend": fleet.link_legend(),
     }
     return render(request, "dashboard/node.html", context)
+
+
+@login_required
+def deploy_page(request: HttpRequest) -> HttpResponse:
+    form = DeployForm(request.POST or None, request.FILES or None, initial=request.GET or None)
+    if request.method == "POST" and form.is_valid():
+        d = form.cleaned_data
+        row = PlanRequest.objects.create(
+            created_by=request.user, model_ref=d["model"], config=d["config"], max_model_len=d["max_model_len"],
+            concurrency=d["concurrency"], node=d["node"], backend=d["backend"], gpus=d["gpus"])
+        tasks.plan_request.delay(row.pk)
+        return redirect(row)
+    return render(request, "dashboard/deploy.html", {"form": form})
+
+
+@login_required
+def plan_page(request: HttpRequest, pk: int) -> HttpResponse:
+    row = get_object_or_404(PlanRequest, pk=pk)
+    return render(request, "dashboard/plans.html", plans_context(row))
+
+
+@login_required
+def plan_fragment(request: HttpRequest, pk: int) -> HttpResponse:
+    row = get_object_or_404(PlanRequest, pk=pk)
+    return render(request, "dashboard/_plans.html", plans_context(row))
+
+
+def plans_context(row: PlanRequest) -> dict:
+    nodes = {n.name: n for n in Node.objects.filter(name__in=_plan_nodes(row))}
+    for p in (row.result or {}).get("plans", []):
+        for b in p.get("breakdown", []):
+            b["other_gib"] = max(0.0, b["total_gib"] - b["weights_gib"] - b.get("kv_cache_gib", 0.0))
+    plans = [{"number": i, "plan": p, "grid": fleet.topology_grid(nodes[p["node"]], set(p["gpus"]))
+              if p.get("node") in nodes else None, "needs_override": deploy.plan_needs_override(p)}
+             for i, p in enumerate((row.result or {}).get("plans", []))]
+    return {"row": row, "plans": plans, "rejected": (row.result or {}).get("rejected", [])}
+
+
+def _plan_nodes(row: PlanRequest) -> set[str]:
+    return {p.get("node") for p in (row.result or {}).get("plans", []) if p.get("node")}
+
+
+@login_required
+@require_POST
+def deploy_plan(request: HttpRequest, pk: int, number: int) -> HttpResponse:
+    row = get_object_or_404(PlanRequest, pk=pk)
+    try:
+        deployment = deploy.create_deployment(row, number, request.user, request.POST.get("override_busy") == "on")
+    except deploy.DeployError as exc:
+        messages.error(request, str(exc))
+        return redirect(row)
+    tasks.launch_deployment.delay(deployment.pk)
+    return redirect(deployment)
+
+
+@login_required
+def deployments_page(request: HttpRequest) -> HttpResponse:
+    rows = Deployment.objects.select_related("node")[:200]
+    return render(request, "dashboard/deployments.html", {"deployments": rows})
+
+
+@login_required
+def deployment_page(request: HttpRequest, pk: str) -> HttpResponse:
+    deployment = get_object_or_404(Deployment.objects.select_related("node"), pk=pk)
+    context = {"d": deployment, "events": deployment.events.all(), "log_lines": fleet.log_tail(deployment),
+               "metrics": fleet.metric_history(deployment, minutes=15),
+               "gpu_history": fleet.gpu_history(deployment.node, minutes=15, indices=deployment.plan.get("gpus"))}
+    return render(request, "dashboard/deployment.html", context)
+
+
+@login_required
+@require_POST
+def deployment_action(request: HttpRequest, pk: str, action: str) -> HttpResponse:
+    deployment = get_object_or_404(Deployment, pk=pk)
+    task = {"stop": tasks.stop_deployment, "restart": tasks.restart_deployment}.get(action)
+    if task is None:
+        raise Http404(f"unknown action {action}")
+    task.delay(deployment.pk)
+    messages.info(request, f"{action} sent to {deployment.node.name}")
+    return redirect(deployment)

@@ -2,7 +2,17 @@
 "use strict";
 function fmt(v, digits) { return v === null || v === undefined ? "–" : Number(v).toFixed(digits); }
 
+function showDeployment(d) {
+  const row = document.querySelector(`tr.deployment[data-deployment="${d.id}"]`);
+  if (!row) return;
+  const badge = row.querySelector(".state");
+  badge.textContent = d.label; badge.className = "state state-" + d.state;
+  row.querySelector(".tok").textContent = d.tokens_per_s === null ? "–" : Number(d.tokens_per_s).toFixed(1);
+  row.querySelector(".running").textContent = d.running === null ? "–" : d.running;
+}
+
 Live.onUpdate((msg) => {
+  (msg.deployments || []).forEach(showDeployment);
   for (const node of msg.nodes) {
     for (const [gpuId, p] of Object.entries(node.gpus)) {
       const row = document.querySelector(`tr.gpu[data-gpu="${gpuId}"]`);

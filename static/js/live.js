@@ -1,7 +1,7 @@
 // The browser's live feed: one websocket to /ws/fleet/, reconnecting with backoff, and the stale timer.
 "use strict";
 const Live = (() => {
-  const handlers = { update: [], node: [] };
+  const handlers = { update: [], node: [], plan: [], open: [] };
   const lastSeen = new Map(); // node id -> browser clock ms of its last update
   const STALE_INTERVALS = 3;
   let retry = 500;
@@ -14,7 +14,7 @@ const Live = (() => {
   function connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const ws = new WebSocket(`${scheme}://${location.host}/ws/fleet/`);
-    ws.onopen = () => { retry = 500; setStatus("live", true); };
+    ws.onopen = () => { retry = 500; setStatus("live", true); handlers.open.forEach((h) => h()); };
     ws.onclose = () => {
       setStatus("reconnecting…", false);
       setTimeout(connect, retry + Math.random() * retry);
@@ -31,6 +31,8 @@ const Live = (() => {
       if (msg.status === "online") lastSeen.set(String(msg.node), Date.now());
       markStatus(String(msg.node), msg.status);
       handlers.node.forEach((h) => h(msg));
+    } else if (msg.type === "fleet.plan") {
+      handlers.plan.forEach((h) => h(msg));
     }
   }
 
@@ -61,5 +63,7 @@ const Live = (() => {
   return {
     onUpdate: (h) => handlers.update.push(h),
     onNode: (h) => handlers.node.push(h),
+    onPlan: (h) => handlers.plan.push(h),
+    onOpen: (h) => handlers.open.push(h),
   };
 })();

@@ -31,6 +31,8 @@ class Node(models.Model):
     cuda_version = models.CharField(max_length=50, blank=True)
     interval_s = models.FloatField(default=1.0)
     topology = models.JSONField(null=True, blank=True)
+    network_gbps = models.FloatField(default=10.0, help_text="this node's link to the other nodes, Gbit/s")
+    rdma = models.BooleanField(default=False, help_text="InfiniBand/RoCE between nodes")
     # Hash of the last hello's GPUs and topology: a reconnecting agent with the same hardware costs one UPDATE.
     inventory_digest = models.CharField(max_length=64, blank=True, editable=False)
     # Replay bookkeeping: the agent process (boot_id) and the highest sequence number stored from it.

@@ -1,0 +1,163 @@
+"""Deploying: the live fleet as planner input, planning a request, and turning a chosen plan into the
+launch command an agent receives. Plain functions over the models; views and tasks call these."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from agents import protocol
+from dashboard.choices import DeploymentState, PlanStatus
+from dashboard.fleet import latest_samples
+from dashboard.models import Deployment, Node, PlanRequest
+from placement import PlacementError, Request, load_cluster, load_model, plan
+from placement.spec import spec_from_hf_config
+
+PLAN_LIMIT, REJECTED_LIMIT = 8, 40
+
+
+class DeployError(ValueError):
+    """A deploy the operator asked for cannot be done as asked; the message says why."""
+
+
+def fleet_cluster(nodes: list[Node] | None = None) -> dict[str, Any]:
+    """The planner's cluster JSON built from what the agents reported (same shape as a cluster file)."""
+    nodes = nodes if nodes is not None else list(Node.objects.filter(topology__isnull=False))
+    gpus = [g for n in nodes for g in n.gpus.all()]
+    latest = latest_samples(gpus)
+    return {"nodes": [_node_entry(n, latest) for n in nodes if n.gpus.exists()]}
+
+
+def _node_entry(node: Node, latest: dict) -> dict[str, Any]:
+    topo = node.topology or {}
+    entry: dict[str, Any] = {"name": node.name, "network_gbps": node.network_gbps, "rdma": node.rdma,
+                             "gpus": [_gpu_entry(g, latest.get(g.pk)) for g in node.gpus.all()]}
+    if topo.get("links"):
+        entry["topology"] = {"kind": "matrix", "gpus": topo["gpus"], "nics": topo.get("nics", []),
+                             "links": topo["links"]}
+    if topo.get("p2p", {}).get("r"):
+        entry["p2p"] = {"kind": "p2p", "mode": "r", "gpus": topo["gpus"], "links": topo["p2p"]["r"]}
+    return entry
+
+
+def _gpu_entry(gpu, sample) -> dict[str, Any]:
+    entry = {"index": gpu.index, "name": gpu.name, "memory_total_mib": gpu.memory_total_mib}
+    if sample is not None:
+        entry["memory_free_mib"] = sample.mem_free_mib
+    return entry
+
+
+def run_plan_request(request_id: int) -> PlanRequest:
+    """Plan one request against the live fleet; the outcome (plans or a clear error) lands on the row."""
+    row = PlanRequest.objects.get(pk=request_id)
+    if row.status == PlanStatus.DONE:
+        return row  # a retried task: the plans are already there
+    row.status = PlanStatus.RUNNING
+    row.save(update_fields=["status"])
+    try:
+        row.result = compute_plans(row)
+        row.status, row.error = PlanStatus.DONE, ""
+    except PlacementError as exc:
+        row.status, row.error = PlanStatus.FAILED, str(exc)
+    row.save(update_fields=["status", "error", "result"])
+    return row
+
+
+def compute_plans(row: PlanRequest) -> dict[str, Any]:
+    fleet = fleet_cluster()
+    if not fleet["nodes"]:
+        raise PlacementError("no node has reported its GPUs yet: start an agent first")
+    cluster = load_cluster(fleet)
+    gpus = tuple(int(g) for g in row.gpus.split(",") if g.strip()) or None
+    request = Request(max_model_len=row.max_model_len, concurrency=row.concurrency, gpus=gpus,
+                      node=row.node.name if row.node else None, backend=row.backend or None)
+    return plan(request_model(row), cluster, request).to_json(limit=PLAN_LIMIT, rejected_limit=REJECTED_LIMIT)
+
+
+def request_model(row: PlanRequest):
+    if not row.config:
+        return load_model(row.model_ref)
+    try:
+        return spec_from_hf_config(row.config, row.model_ref, row.model_ref, "uploaded config.json")
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, PlacementError):
+            raise
+        raise PlacementError(f"uploaded config.json: missing or odd field {exc}") from None
+
+
+def desired_launches(node: Node) -> list[str]:
+    """Launch frames for every deployment that should be running on `node` (sent when its agent says hello)."""
+    active = node.deployments.filter(state__in=DeploymentState.ACTIVE)
+    return [protocol.dump(d.launch_command()) for d in active]
+
+
+# Simulated nodes have no GPUs to run vLLM on: a GGUF plan runs on the real llama.cpp engine on the CPU
+# (llama-cpp-python), anything else on the simulated backend at the rate the planner predicted.
+def runtime_backend(plan_backend: str, node: Node, model_ref: str) -> str:
+    if not node.simulated:
+        return plan_backend
+    if plan_backend in ("llama.cpp", "ollama") and model_ref.lower().endswith(".gguf"):
+        return "llama-cpp-python"
+    return "simulated"
+
+
+FORWARDED_ENV = set(protocol.EnvName.__args__)
+
+
+def launch_for(deployment_id: str, plan: dict[str, Any], node: Node, model_ref: str) -> protocol.Launch:
+    """The agent command for a chosen single-node plan. Raises DeployError for what cannot be sent."""
+    if "nodes" in plan:
+        raise DeployError("multi-node plans cannot be deployed from layercake yet; run the plan's commands by hand")
+    backend = runtime_backend(plan["backend"], node, model_ref)
+    env = {k: str(v) for k, v in (plan.get("env") or {}).items() if k in FORWARDED_ENV}
+    model = model_ref if backend != "simulated" else _served_name(model_ref)
+    try:
+        return protocol.Launch(type="launch", v=1, deployment=deployment_id, backend=backend, model=model,
+                               gpus=plan["gpus"], options=launch_options(plan, backend), env=env)
+    except ValueError as exc:
+        raise DeployError(f"this plan cannot be sent to the agent: {exc}") from None
+
+
+def _served_name(model_ref: str) -> str:
+    return model_ref.rstrip("/").rsplit("/", 1)[-1] or model_ref
+
+
+def launch_options(plan: dict[str, Any], backend: str) -> protocol.LaunchOptions:
+    s = plan.get("settings", {})
+    options: dict[str, Any] = {"tp": plan.get("tp", 1), "pp": plan.get("pp", 1),
+                               "max_model_len": s.get("max_model_len")}
+    if backend in ("vllm", "sglang"):
+        options["gpu_memory_utilization"] = s.get("gpu_memory_utilization") or s.get("mem_fraction_static")
+        if s.get("kv_cache_dtype") not in (None, "auto"):
+            options["kv_cache_dtype"] = s["kv_cache_dtype"]
+    if backend in ("llama.cpp", "llama-cpp-python"):
+        options["tensor_split"] = s.get("tensor_split")
+        options["parallel"] = s.get("n_parallel")
+        options["max_model_len"] = s.get("n_ctx") or s.get("max_model_len")
+    if backend == "simulated":
+        options["sim_tokens_per_s"] = max(1.0, float(plan.get("decode_tok_s") or 20.0))
+        options["served_model_name"] = None
+    return protocol.LaunchOptions(**{k: v for k, v in options.items() if v is not None})
+
+
+def plan_needs_override(plan: dict[str, Any]) -> bool:
+    return any(r.get("code") == "busy" for r in plan.get("risks", []))
+
+
+@transaction.atomic
+def create_deployment(row: PlanRequest, number: int, user, override_busy: bool = False) -> Deployment:
+    """The operator clicked "Deploy" on plan `number` of `row`."""
+    plan_data = row.plan(number)
+    if plan_data is None:
+        raise DeployError(f"plan {number + 1} does not exist for this request")
+    if plan_needs_override(plan_data) and not override_busy:
+        raise DeployError("this plan needs GPUs that are already in use; tick 'deploy onto busy GPUs' to override")
+    node = Node.objects.filter(name=plan_data.get("node")).first()
+    if node is None:
+        raise DeployError(f"node {plan_data.get('node')!r} is not in the fleet any more")
+    deployment = Deployment(name=_served_name(row.model_ref), created_by=user, plan_request=row, plan=plan_data,
+                            node=node, override_busy=override_busy, launch={})
+    deployment.launch = launch_for(deployment.pk, plan_data, node, row.model_ref).model_dump()
+    deployment.save()
+    return deployment

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import json
+import re
+
+from django import forms
+
+from dashboard.models import Node
+
+BACKENDS = [("", "any"), ("vllm", "vLLM"), ("sglang", "SGLang"), ("llama.cpp", "llama.cpp"), ("ollama", "Ollama")]
+
+
+class DeployForm(forms.Form):
+    model = forms.CharField(
+        max_length=500, required=False, label="Model",
+        help_text="a catalog name (Qwen3-VL-32B-Instruct), an HF id, or a path to a config.json / GGUF on the node",
+    )
+    config = forms.FileField(required=False, label="or upload config.json")
+    max_model_len = forms.IntegerField(min_value=16, max_value=10_000_000, initial=8192, label="Max context")
+    concurrency = forms.IntegerField(min_value=1, max_value=4096, initial=1, label="Expected concurrency")
+    node = forms.ModelChoiceField(Node.objects.all(), required=False, empty_label="any node",
+                                  to_field_name="name")
+    backend = forms.ChoiceField(choices=BACKENDS, required=False)
+    gpus = forms.CharField(max_length=200, required=False, label="GPUs", help_text="e.g. 0,1 (optional)")
+
+    def clean_gpus(self) -> str:
+        value = self.cleaned_data["gpus"].replace(" ", "")
+        if value and not re.fullmatch(r"\d{1,3}(,\d{1,3})*", value):
+            raise forms.ValidationError("GPUs are indices separated by commas, e.g. 0,1,2,3")
+        return value
+
+    def clean_config(self) -> dict | None:
+        upload = self.cleaned_data.get("config")
+        if upload is None:
+            return None
+        if upload.size > 2_000_000:
+            raise forms.ValidationError("config.json is larger than 2 MB; is it really a config.json?")
+        try:
+            data = json.loads(upload.read())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise forms.ValidationError(f"config.json is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise forms.ValidationError("config.json must be a JSON object")
+        return data
+
+    def clean(self) -> dict:
+        data = super().clean()
+        if not data.get("model") and not data.get("config"):
+            raise forms.ValidationError("give a model name or path, or upload its config.json")
+        if data.get("config") and not data.get("model"):
+            data["model"] = str(data["config"].get("_name_or_path") or "uploaded-model")
+        return data

@@ -1,0 +1,181 @@
+"""Plan requests and deployments: what an operator asked for, what was launched, and how it is doing."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.urls import reverse
+from django.utils import timezone
+
+from agents import protocol
+from dashboard.choices import DeploymentState, PlanStatus
+from dashboard.models.fleet import Node
+
+
+def _deployment_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+class PlanRequest(models.Model):
+    """One press of "Plan" on the deploy form; the Celery planning task fills in `result`."""
+
+    created = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
+    model_ref = models.CharField(max_length=500, help_text="catalog name, HF id, or a path to config.json/GGUF")
+    config = models.JSONField(null=True, blank=True, help_text="an uploaded config.json")
+    max_model_len = models.PositiveIntegerField(default=8192)
+    concurrency = models.PositiveIntegerField(default=1)
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL)
+    backend = models.CharField(max_length=20, blank=True)
+    gpus = models.CharField(max_length=200, blank=True, help_text="comma-separated GPU indices")
+    status = models.CharField(max_length=10, choices=PlanStatus.choices(), default=PlanStatus.QUEUED)
+    error = models.TextField(blank=True)
+    result = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"plan {self.pk}: {self.model_ref}"
+
+    def get_absolute_url(self) -> str:
+        return reverse("plan", args=[self.pk])
+
+    def plan(self, number: int) -> dict[str, Any] | None:
+        plans = (self.result or {}).get("plans", [])
+        return plans[number] if 0 <= number < len(plans) else None
+
+
+class Deployment(models.Model):
+    """A model served on one or more nodes through their agents, from one chosen plan."""
+
+    id = models.CharField(primary_key=True, max_length=64, default=_deployment_id, editable=False)
+    name = models.CharField(max_length=200)
+    created = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
+    plan_request = models.ForeignKey(PlanRequest, null=True, blank=True, on_delete=models.SET_NULL)
+    plan = models.JSONField(help_text="the planner's plan as chosen")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="deployments")
+    launch = models.JSONField(help_text="the launch command sent to the agent (protocol.Launch)")
+    state = models.CharField(max_length=10, choices=DeploymentState.choices(), default=DeploymentState.PLANNED)
+    state_since = models.DateTimeField(default=timezone.now)
+    progress = models.FloatField(null=True, blank=True)
+    port = models.PositiveIntegerField(null=True, blank=True)
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    detail = models.TextField(blank=True)
+    override_busy = models.BooleanField(default=False)
+    stall_window_s = models.FloatField(default=60.0)
+    last_counters = models.JSONField(null=True, blank=True)
+    last_counters_t = models.FloatField(null=True, blank=True)
+    tokens_per_s = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"{self.name} on {self.node.name}"
+
+    def get_absolute_url(self) -> str:
+        return reverse("deployment", args=[self.pk])
+
+    def state_color(self) -> str:
+        return DeploymentState.color(self.state)
+
+    def state_label(self) -> str:
+        return DeploymentState.label(self.state)
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in DeploymentState.ACTIVE
+
+    def launch_command(self) -> protocol.Launch:
+        return protocol.Launch.model_validate(self.launch)
+
+    def move_to(self, state: str, detail: str = "", **fields: Any) -> None:
+        """Change state (recording an event) and any reported fields; a repeated state records nothing."""
+        changed = state != self.state
+        for name, value in fields.items():
+            setattr(self, name, value)
+        if changed:
+            self.state, self.state_since = state, timezone.now()
+        if detail:
+            self.detail = detail
+        self.save()
+        if changed:
+            DeploymentEvent.objects.create(deployment=self, state=state, detail=detail)
+
+    def apply_status(self, status: protocol.DeploymentStatus) -> None:
+        """The agent reported on this deployment's process."""
+        if self.state == DeploymentState.STOPPED and status.state != DeploymentState.STOPPED:
+            return  # a late report from a process the operator already stopped
+        fields = {k: getattr(status, k) for k in ("port", "pid", "exit_code", "progress") if getattr(status, k) is not None}
+        self.move_to(status.state, status.detail, **fields)
+
+    def record_metrics(self, t: float, counters: protocol.ServerCounters) -> DeploymentMetric | None:
+        """Turn the newest cumulative counters into rates against the previous ones, and keep them."""
+        previous, previous_t = self.last_counters, self.last_counters_t
+        self.last_counters, self.last_counters_t = counters.model_dump(), t
+        if previous is None or previous_t is None or t <= previous_t:
+            self.save(update_fields=["last_counters", "last_counters_t"])
+            return None
+        from agents.metrics import rates  # the agent's own counter arithmetic: one implementation
+
+        r = rates(protocol.ServerCounters.model_validate(previous), previous_t, counters, t)
+        self.tokens_per_s = r.get("generation_tokens_per_s")
+        self.save(update_fields=["last_counters", "last_counters_t", "tokens_per_s"])
+        return DeploymentMetric.objects.create(deployment=self, t=datetime.fromtimestamp(t, tz=UTC), **_metric_fields(r, counters))
+
+
+def _metric_fields(r: dict[str, Any], counters: protocol.ServerCounters) -> dict[str, Any]:
+    return {
+        "generation_tokens_per_s": r.get("generation_tokens_per_s"),
+        "prompt_tokens_per_s": r.get("prompt_tokens_per_s"),
+        "ttft_s": r.get("ttft_seconds"),
+        "itl_s": r.get("itl_seconds"),
+        "requests_running": counters.requests_running,
+        "requests_waiting": counters.requests_waiting,
+        "kv_cache_usage": counters.kv_cache_usage,
+        "generation_tokens_total": counters.generation_tokens_total,
+        "steps_total": counters.steps_total,
+    }
+
+
+class DeploymentEvent(models.Model):
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="events")
+    t = models.DateTimeField(default=timezone.now)
+    state = models.CharField(max_length=10, choices=DeploymentState.choices())
+    detail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["t", "pk"]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id} {self.state} @ {self.t:%H:%M:%S}"
+
+
+class DeploymentMetric(models.Model):
+    """Rates over one scrape interval, derived from the counters the agent scraped."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="metrics")
+    t = models.DateTimeField()
+    generation_tokens_per_s = models.FloatField(null=True)
+    prompt_tokens_per_s = models.FloatField(null=True)
+    ttft_s = models.FloatField(null=True)
+    itl_s = models.FloatField(null=True)
+    requests_running = models.FloatField(null=True)
+    requests_waiting = models.FloatField(null=True)
+    kv_cache_usage = models.FloatField(null=True)
+    generation_tokens_total = models.FloatField(null=True)
+    steps_total = models.FloatField(null=True)
+
+    class Meta:
+        ordering = ["deployment", "t"]
+        indexes = [models.Index(fields=["deployment", "t"], name="metric_deployment_time")]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id} @ {self.t:%H:%M:%S}"

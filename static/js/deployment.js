@@ -1,0 +1,39 @@
+// Deployment page: live state, tokens/s next to the deployment's GPUs' utilization.
+"use strict";
+const box = document.querySelector(".deployment-detail");
+const WINDOW = 15 * 60 * 1000;
+const metrics = JSON.parse(document.getElementById("metrics").textContent);
+const gpuHistory = JSON.parse(document.getElementById("gpu-history").textContent);
+const palette = ["#1e88e5", "#43a047", "#fb8c00", "#8e24aa", "#00897b", "#e53935", "#5e35b1", "#6d4c41"];
+
+const datasets = [{ label: "tokens/s", data: metrics.map((m) => ({ x: m[0], y: m[1] })), yAxisID: "tok",
+                    borderColor: "#111", borderWidth: 2, pointRadius: 0 }];
+Object.entries(gpuHistory).forEach(([gpuId, points], i) => datasets.push({
+  label: `GPU util % (${gpuId})`, gpuId, data: points.map((p) => ({ x: p[0], y: p[1] })), yAxisID: "pct",
+  borderColor: palette[i % palette.length], borderWidth: 1, pointRadius: 0 }));
+
+const chart = new Chart(document.getElementById("tokens-chart"), {
+  type: "line", data: { datasets },
+  options: { animation: false, parsing: false, maintainAspectRatio: false,
+    scales: { x: { type: "time" }, tok: { position: "left", min: 0, title: { display: true, text: "tokens/s" } },
+              pct: { position: "right", min: 0, max: 100, grid: { drawOnChartArea: false } } } },
+});
+
+function push(ds, x, y) {
+  ds.data.push({ x, y });
+  while (ds.data.length && ds.data[0].x < x - WINDOW) ds.data.shift();
+}
+
+Live.onUpdate((msg) => {
+  for (const d of msg.deployments || []) {
+    if (d.id !== box.dataset.deployment) continue;
+    const badge = document.getElementById("state");
+    badge.textContent = d.label; badge.className = "state state-" + d.state;
+    if (d.state === "loading" && d.progress !== null) document.getElementById("progress").textContent = `loading ${Math.round(d.progress * 100)} %`;
+    if (d.tokens_per_s !== null && d.t) push(datasets[0], d.t * 1000, d.tokens_per_s);
+    box.dataset.state = d.state;
+  }
+  const node = msg.nodes.find((n) => String(n.node) === box.dataset.node);
+  if (node) datasets.slice(1).forEach((ds) => { const p = node.gpus[ds.gpuId]; if (p) push(ds, node.t * 1000, p[0]); });
+  chart.update("none");
+});

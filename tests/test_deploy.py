@@ -1,0 +1,119 @@
+"""Deploy, server side: the fleet as planner input, plan requests, deployments and their launch commands."""
+
+import json
+
+import pytest
+
+from agents import protocol
+from dashboard import deploy, tasks
+from dashboard.choices import DeploymentState, PlanStatus
+from dashboard.models import Deployment, PlanRequest
+from placement import load_cluster
+from tests.personas import seed_server, sim_node
+
+pytestmark = pytest.mark.django_db
+
+
+def planned(model_ref: str, **fields) -> PlanRequest:
+    row = PlanRequest.objects.create(model_ref=model_ref, max_model_len=fields.pop("max_model_len", 10000), **fields)
+    return deploy.run_plan_request(row.pk)
+
+
+def test_it_builds_the_planner_cluster_from_what_the_agents_reported():
+    seed_server()
+    cluster = load_cluster(deploy.fleet_cluster())
+    node = cluster.node("a30-seed")
+    assert [g.index for g in node.gpus] == [0, 1, 2, 3]
+    assert {node.link(a, b).label for a in range(4) for b in range(4) if a < b} == {"SYS"}
+
+
+def test_it_plans_the_seed_model_without_tensor_parallelism_across_sys():
+    seed_server()
+    row = planned("Qwen3-VL-32B-Instruct")
+    assert row.status == PlanStatus.DONE, row.error
+    best = row.result["plans"][0]
+    assert best["node"] == "a30-seed" and best["tp"] == 1 and best["pp"] >= 3
+    rejected = {(r["backend"], r["tp"], r["pp"]): [p["code"] for p in r["problems"]] for r in row.result["rejected"]}
+    assert "memory" in rejected[("vllm", 1, 2)]  # two GPUs cannot hold it, whatever the split (the seed's TP=2)
+    assert "link" in rejected[("vllm", 4, 1)]  # TP across SYS without P2P
+
+
+def test_it_records_a_clear_error_for_an_unknown_model():
+    seed_server()
+    row = planned("not-a-real-model-xyz")
+    assert row.status == PlanStatus.FAILED and "not-a-real-model-xyz" in row.error
+
+
+def test_it_records_a_clear_error_when_no_agent_reported_yet():
+    row = planned("Qwen3-VL-32B-Instruct")
+    assert row.status == PlanStatus.FAILED and "start an agent" in row.error
+
+
+def test_it_runs_vllm_plans_on_simulated_nodes_with_the_simulated_backend(alice):
+    seed_server()
+    row = planned("Qwen3-VL-32B-Instruct", backend="vllm")
+    deployment = deploy.create_deployment(row, 0, alice)
+    launch = deployment.launch_command()
+    assert launch.backend == "simulated" and launch.model == "Qwen3-VL-32B-Instruct"
+    assert launch.options.sim_tokens_per_s == pytest.approx(row.result["plans"][0]["decode_tok_s"])
+    assert launch.gpus == row.result["plans"][0]["gpus"]
+
+
+def test_it_refuses_a_model_name_with_shell_characters(alice):
+    seed_server()
+    row = planned("Qwen3-VL-32B-Instruct")
+    row.model_ref = "Qwen3-VL-32B-Instruct; rm -rf /"
+    with pytest.raises(deploy.DeployError, match="cannot be sent"):
+        deploy.create_deployment(row, 0, alice)
+    assert not Deployment.objects.exists()
+
+
+def test_it_refuses_a_plan_number_that_does_not_exist(alice):
+    seed_server()
+    row = planned("Qwen3-VL-32B-Instruct")
+    with pytest.raises(deploy.DeployError, match="does not exist"):
+        deploy.create_deployment(row, 99, alice)
+
+
+def test_it_needs_an_explicit_override_for_busy_gpus(alice):
+    seed_server()
+    row = planned("Qwen3-VL-32B-Instruct")
+    row.result["plans"][0]["risks"].append({"code": "busy", "message": "GPU 1 has 20 GiB in use"})
+    with pytest.raises(deploy.DeployError, match="busy"):
+        deploy.create_deployment(row, 0, alice)
+    assert deploy.create_deployment(row, 0, alice, override_busy=True).override_busy
+
+
+def test_it_sends_the_launch_once_however_often_the_task_runs(alice, settings):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    sim_node("rtx4090-box", "sim:rtx4090x2")
+    deployment = deploy.create_deployment(planned("Qwen2.5-7B-Instruct", max_model_len=4096), 0, alice)
+    tasks.launch_deployment(deployment.pk)
+    tasks.launch_deployment(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.state == DeploymentState.LAUNCHING
+    assert list(deployment.events.values_list("state", flat=True)) == ["launching"]
+
+
+def test_it_tells_a_reconnecting_agent_what_should_be_running(alice):
+    node = seed_server()
+    deployment = deploy.create_deployment(planned("Qwen3-VL-32B-Instruct"), 0, alice)
+    assert deploy.desired_launches(node) == []
+    deployment.move_to(DeploymentState.SERVING)
+    frames = [json.loads(f) for f in deploy.desired_launches(node)]
+    assert [f["deployment"] for f in frames] == [deployment.pk]
+    assert protocol.parse_server_command(json.dumps(frames[0])).backend == "simulated"
+
+
+def test_it_applies_agent_reports_and_turns_counters_into_tokens_per_second(alice):
+    seed_server()
+    deployment = deploy.create_deployment(planned("Qwen3-VL-32B-Instruct"), 0, alice)
+    status = protocol.DeploymentStatus(type="deployment", v=1, seq=1, t=100.0, deployment=deployment.pk,
+                                       state="ready", port=8123, pid=4242)
+    deployment.apply_status(status)
+    for t, tokens in ((100.0, 1000), (102.0, 1100)):
+        deployment.record_metrics(t, protocol.ServerCounters(generation_tokens_total=tokens, requests_running=1))
+    deployment.refresh_from_db()
+    assert (deployment.state, deployment.port, deployment.pid) == ("ready", 8123, 4242)
+    assert deployment.tokens_per_s == pytest.approx(50.0)
+    assert deployment.metrics.get().generation_tokens_per_s == pytest.approx(50.0)
