@@ -135,8 +135,8 @@ def _metric_fields(r: dict[str, Any], counters: protocol.ServerCounters) -> dict
     return {
         "generation_tokens_per_s": r.get("generation_tokens_per_s"),
         "prompt_tokens_per_s": r.get("prompt_tokens_per_s"),
-        "ttft_s": r.get("ttft_seconds"),
-        "itl_s": r.get("itl_seconds"),
+        "ttft_s": r.get("ttft_mean_s"),
+        "itl_s": r.get("itl_mean_s"),
         "requests_running": counters.requests_running,
         "requests_waiting": counters.requests_waiting,
         "kv_cache_usage": counters.kv_cache_usage,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 import time
 from pathlib import Path
 
@@ -40,6 +41,7 @@ class Command(BaseCommand):
         services += self.start_server(port, env, log_dir)
         if not no_demo:
             services += start_demo_agents(f"http://127.0.0.1:{port}", log_dir)
+            deploy_demo_model(env, log_dir)
         self.stdout.write(self.style.SUCCESS(f"\nlayercake is running: http://127.0.0.1:{port}/"))
         self.stdout.write(f"log in as {username} / {password}   (logs in {log_dir}; Ctrl-C stops)\n")
         self.wait(services)
@@ -98,3 +100,12 @@ def start_demo_agents(server: str, log_dir: Path) -> list[stack.Service]:
         agent = stack.agent_service(server, token, spec, settings.AGENT_INTERVAL, log_dir / f"agent-{name}.log")
         services.append(agent.start())
     return services
+
+
+def deploy_demo_model(env: dict[str, str], log_dir: Path) -> None:
+    """Plan and deploy the field report's model on the demo A30 node (a child process, so that it talks
+    to the same Redis as the stack)."""
+    demo = stack.Service("deploy-demo", [sys.executable, "manage.py", "deploy_demo"], env,
+                         log_dir / "deploy-demo.log").start()
+    demo.proc.wait(timeout=120)
+    print((log_dir / "deploy-demo.log").read_text().strip().splitlines()[-1])
