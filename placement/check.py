@@ -161,10 +161,6 @@ def _gguf_layout(ev: Evaluator, cmd: ParsedCommand, gpus: list[GPU]) -> Any:
 
 def _notes(cmd: ParsedCommand, model: ModelSpec) -> list[str]:
     notes = []
-    if cmd.backend == LLAMA_CPP and (cmd.get("--split-mode") or "layer") == "row":
-        notes.append("--split-mode row is deprecated in llama.cpp (splits only dense weights, slower); use layer")
-    if cmd.backend == LLAMA_CPP and (cmd.get("--split-mode") or "layer") == "tensor":
-        notes.append("--split-mode tensor is experimental (needs flash attention, an NCCL build, unquantized KV)")
     if cmd.backend == OLLAMA and cmd.env:
         notes.append("OLLAMA_* variables configure the server: set them where `ollama serve` starts, not only "
                      "for `ollama run`")
@@ -173,6 +169,16 @@ def _notes(cmd: ParsedCommand, model: ModelSpec) -> list[str]:
         notes.append(f"-ngl {layers} leaves {model.num_layers - layers} layers on the CPU; this check assumes "
                      "all layers on GPUs")
     return notes
+
+
+def _ollama_spills(candidate: Candidate, problems: list[Issue]) -> list[Issue]:
+    """Ollama does not refuse a model that does not fit: it keeps the layers that do not fit on the CPU.
+    Memory shortfalls become a risk (it runs, much slower) instead of a problem."""
+    spill = [p for p in problems if p.code in ("memory", "busy")]
+    for p in spill:
+        candidate.risks.append(Issue(p.code, f"{p.message}; Ollama will keep the layers that do not fit on the CPU, "
+                                     "so it starts but decodes far slower than predicted"))
+    return [p for p in problems if p not in spill]
 
 
 def _explicit_length(cmd: ParsedCommand, request: Request) -> int | None:
@@ -199,9 +205,11 @@ def check_command(argv: list[str] | str, cluster: Cluster, visible: list[int] | 
     else:
         layout, shape_problems = _gguf_layout(ev, cmd, gpus), []
     data_mode = cmd.get("--mm-encoder-tp-mode") == "data"
-    candidate = ev.evaluate(layout, encoder_data_mode=data_mode, split_mode=request.split_mode)
-    result = CheckResult(cmd, target, candidate, model, cluster, notes + _notes(cmd, model))
+    candidate = ev.evaluate(layout, encoder_data_mode=data_mode)
+    result = CheckResult(cmd, target, candidate, model, cluster, notes + _notes(cmd, model) + candidate.notes)
     result.problems = shape_problems + candidate.problems
+    if cmd.backend == OLLAMA:
+        result.problems = _ollama_spills(candidate, result.problems)
     free = replace(request, backend=None, gpu_memory_utilization=None, node=target.name, split_mode="layer",
                    max_model_len=_explicit_length(cmd, request))
     result.suggestions = plan(model, cluster, free)

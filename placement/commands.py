@@ -69,7 +69,7 @@ def _dtype_flags(model: ModelSpec, c: Candidate) -> list[str]:
 def _vllm_argv(model: ModelSpec, c: Candidate) -> list[str]:
     lay, s = c.layout, c.settings
     knobs = c.memory.knobs if c.memory else {}
-    argv = ["vllm", "serve", model.ref, "--tensor-parallel-size", str(lay.tp), "--pipeline-parallel-size",
+    argv = ["vllm", "serve", model.serve_ref, "--tensor-parallel-size", str(lay.tp), "--pipeline-parallel-size",
             str(lay.pp), "--max-model-len", str(s.max_model_len),
             "--gpu-memory-utilization", f"{knobs.get('gpu_memory_utilization', 0.9):g}"]
     argv += _dtype_flags(model, c)
@@ -101,7 +101,7 @@ def vllm_launch(model: ModelSpec, c: Candidate, cluster: Cluster) -> Launch:
 def sglang_launch(model: ModelSpec, c: Candidate, cluster: Cluster) -> Launch:
     lay, s = c.layout, c.settings
     knobs = c.memory.knobs if c.memory else {}
-    argv = ["python", "-m", "sglang.launch_server", "--model-path", model.ref, "--tp-size", str(lay.tp)]
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", model.serve_ref, "--tp-size", str(lay.tp)]
     argv += ["--pp-size", str(lay.pp)] if lay.pp > 1 else []
     argv += ["--context-length", str(s.max_model_len),
              "--mem-fraction-static", f"{knobs.get('mem_fraction_static', 0.88):g}"]
@@ -130,8 +130,10 @@ def llama_launch(model: ModelSpec, c: Candidate, cluster: Cluster) -> Launch:
     argv = ["llama-server", "-m", gguf_file(model, c)]
     if model.vision or (model.gguf and model.gguf.projector_bytes):
         argv += ["--mmproj", f"mmproj-{model.name}-F16.gguf"]
-    argv += ["-ngl", "999", "--split-mode", "layer", "--tensor-split", ",".join(str(n) for n in lay.layers),
-             "-c", str(s.max_model_len * s.concurrency), "-np", str(s.concurrency), "-fa", "on"]
+    mode = s.request.split_mode
+    argv += ["-ngl", "999", "--split-mode", mode]
+    argv += ["--tensor-split", ",".join(str(n) for n in lay.layers)] if mode == "layer" else []
+    argv += ["-c", str(s.max_model_len * s.concurrency), "-np", str(s.concurrency), "-fa", "on"]
     argv += ["-ctk", s.kv_dtype, "-ctv", s.kv_dtype] if s.kv_dtype not in ("f16", "auto") else []
     argv += ["--host", "0.0.0.0", "--port", "8080"]
     head, *others = lay.node_names
@@ -143,12 +145,14 @@ def llama_launch(model: ModelSpec, c: Candidate, cluster: Cluster) -> Launch:
 
 
 def ollama_tag(model: ModelSpec, c: Candidate) -> str:
-    """The operator's own tag when they gave one, else name-quant (e.g. qwen3-vl-32b-instruct-bf16)."""
-    looks_like_tag = "/" not in model.ref and (":" in model.ref or model.ref == model.ref.lower())
-    if model.gguf is None and looks_like_tag:
-        return model.ref
+    """The operator's own tag when it names these weights, else name-quant (qwen3-vl-32b-instruct-bf16)."""
+    fmt = c.settings.fmt.name.lower()
+    if model.gguf is None and "/" not in model.ref and model.ref == model.ref.lower():
+        _, suffix = split_quant_suffix(model.ref.split(":")[0])
+        if (suffix or "q4_k_m").lower() == fmt:
+            return model.ref
     stem, _ = split_quant_suffix(model.name.lower())
-    return f"{stem}-{c.settings.fmt.name.lower()}"
+    return f"{stem}-{fmt}"
 
 
 def ollama_launch(model: ModelSpec, c: Candidate) -> Launch:

@@ -16,7 +16,7 @@ from placement.layout import Layout, make_layout
 from placement.memory import Issue, MemoryReport, batch_defaults, vllm_family_memory
 from placement.memory_gguf import UBATCH, layer_split_counts, layer_split_memory, tensor_split_memory
 from placement.perf import Perf, predict, served_streams
-from placement.request import SGLANG, VLLM, Request, Settings, backends_for, resolve
+from placement.request import LLAMA_CPP, SGLANG, VLLM, Request, Settings, backends_for, resolve
 from placement.spec import ModelSpec
 from placement.weights import WeightBytes, weight_bytes
 
@@ -59,7 +59,7 @@ class Evaluator:
         counts = layer_split_counts(self.model, self.weights[backend], gpus, self.settings[backend])
         return make_layout(self.cluster, backend, [(g,) for g in gpus], counts)
 
-    def evaluate(self, layout: Layout, encoder_data_mode: bool = True, split_mode: str = "layer") -> Candidate:
+    def evaluate(self, layout: Layout, encoder_data_mode: bool = True) -> Candidate:
         settings = self.settings[layout.backend]
         problems = divisibility_problems(self.model, layout, settings)
         vision = vision_tp_problem(self.model, layout, encoder_data_mode) if layout.backend in (VLLM, SGLANG) else None
@@ -69,15 +69,16 @@ class Evaluator:
         risks = link_risks(layout) + numa_risks(layout) + net_risks
         if problems:
             return Candidate(layout, settings, None, None, problems, risks)
-        memory = self._memory(layout, settings, split_mode)
+        memory = self._memory(layout, settings, self.request.split_mode)
         perf = self._predict(layout, settings, memory) if not memory.problems else None
-        return Candidate(layout, settings, memory, perf, memory.problems, memory.risks + risks)
+        return Candidate(layout, settings, memory, perf, memory.problems, memory.risks + risks,
+                         _split_notes(layout.backend, self.request.split_mode))
 
     def _memory(self, layout: Layout, settings: Settings, split_mode: str) -> MemoryReport:
         wb = self.weights[layout.backend]
         if layout.backend in (VLLM, SGLANG):
             return vllm_family_memory(self.model, wb, layout, settings)
-        if split_mode != "layer":
+        if layout.backend == LLAMA_CPP and split_mode != "layer":
             return tensor_split_memory(self.model, wb, layout, settings, split_mode)
         return layer_split_memory(self.model, wb, layout, settings)
 
@@ -91,3 +92,13 @@ class Evaluator:
                                       memory.kv_tokens, chunk)
         return self._perf[key]
 
+
+
+def _split_notes(backend: str, split_mode: str) -> list[str]:
+    if backend != LLAMA_CPP or split_mode == "layer":
+        return []
+    if split_mode == "row":
+        return ["--split-mode row is deprecated in llama.cpp: it splits only dense weights and runs slower; "
+                "prefer layer"]
+    return ["--split-mode tensor is experimental in llama.cpp: it needs flash attention, an NCCL build "
+            "(-DGGML_CUDA_NCCL=ON) and an unquantized KV cache, and excludes several MoE/hybrid models"]

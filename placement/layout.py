@@ -78,7 +78,8 @@ def make_layout(cluster: Cluster, backend: str, stages: list[tuple[GPU, ...]], l
 
 
 def even_layers(total: int, stages: int) -> list[int]:
-    """vLLM's default partition (`get_pp_indices`): equal shares, the remainder on the stages before the last."""
+    """vLLM's default partition (`get_pp_indices`): equal shares; the remainder goes one layer each to the
+    second-to-last stage and backwards (never the last stage, which also runs the LM head)."""
     shares = [total // stages] * stages
     for i in range(2, total % stages + 2):
         shares[-i] += 1

@@ -9,8 +9,8 @@ Stages run one after another for a token (plus one activation hand-off per bound
 keep up to PP micro-batches in flight, so with enough streams the slowest stage sets the pace;
 llama.cpp and Ollama run one batch through all GPUs per step (no decode pipelining).
 
-Calibration (see docs/placement.md, "Calibration"): HBM_EFFICIENCY and STEP_OVERHEAD_MS were set from
-throughput_observations.csv; the link constants come from the nccl-tests files (links.py).
+Calibration (docs/placement.md, "Calibration"): HBM_EFFICIENCY is fitted on throughput_observations.csv;
+the link constants come from the nccl-tests files (links.py); the rest are stated assumptions.
 """
 
 from __future__ import annotations
@@ -26,11 +26,13 @@ from placement.request import LLAMA_CPP, OLLAMA, SGLANG, VLLM, Settings
 from placement.spec import ModelSpec
 from placement.weights import WeightBytes
 
-# Fraction of peak HBM bandwidth decode reaches. vLLM/SGLang 0.75: 1x H100 SXM, Llama-3.1-70B FP8,
-# TPOT 33.1 ms (LambdaLabs row) is 0.70 of the roofline incl. KV reads and prefill interference;
-# clean decode sits a little higher. llama.cpp 0.45: the two multi-GPU llama.cpp rows (A30 layer
-# split, 4x3090 ik_llama graph split) land at 0.37-0.45 of their rooflines.
-HBM_EFFICIENCY = {VLLM: 0.75, SGLANG: 0.75, LLAMA_CPP: 0.45, OLLAMA: 0.45}
+# Fraction of peak HBM bandwidth decode reaches, fitted on throughput_observations.csv (derivation in
+# docs/placement.md, "Calibration"; tests/test_placement_accuracy.py refits it). vLLM/SGLang: the two
+# LambdaLabs H100 rows (Llama-3.1-70B FP8, TP1 TPOT 33.1 ms, TP2 over NVLink 22.3 ms) -> 0.60, the value
+# whose errors on the two rows have a geometric mean of 1 (each row alone would give 0.66 and 0.55).
+# llama.cpp/Ollama: the A30 Ollama layer-split row and the 4x3090 tensor-split row -> 0.36 (0.37 and
+# 0.34 alone). SGLang has no row: it borrows vLLM's figure.
+HBM_EFFICIENCY = {VLLM: 0.60, SGLANG: 0.60, LLAMA_CPP: 0.36, OLLAMA: 0.36}
 # Fixed cost per decode step (scheduler, sampling, launches) with CUDA graphs; eager adds per layer.
 STEP_OVERHEAD_MS = {VLLM: 0.5, SGLANG: 0.5, LLAMA_CPP: 0.5, OLLAMA: 0.8}
 EAGER_MS_PER_LAYER = 0.04

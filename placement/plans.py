@@ -84,7 +84,12 @@ def _pool(node: Node, request: Request) -> list[GPU]:
 
 
 def _shapes(backend: str, n: int, request: Request) -> list[tuple[int, int]]:
-    shapes = [(1, n)] if backend in (LLAMA_CPP, OLLAMA) else [(tp, n // tp) for tp in divisors(n)]
+    if backend == LLAMA_CPP and request.split_mode != "layer":
+        shapes = [(n, 1)]  # row/tensor split: every GPU works on every layer
+    elif backend in (LLAMA_CPP, OLLAMA):
+        shapes = [(1, n)]
+    else:
+        shapes = [(tp, n // tp) for tp in divisors(n)]
     return [(tp, pp) for tp, pp in shapes
             if (request.tp is None or request.tp == tp) and (request.pp is None or request.pp == pp)]
 
@@ -111,6 +116,9 @@ def _node_candidates(ev: Evaluator, node: Node, request: Request) -> Iterator[Ca
 
 
 def _layout(ev: Evaluator, node: Node, pool: list[GPU], backend: str, tp: int, pp: int) -> Layout | None:
+    if backend == LLAMA_CPP and ev.request.split_mode != "layer":
+        chosen = tuple(sorted(by_free_memory(pool)[:tp], key=lambda g: g.index))
+        return make_layout(ev.cluster, backend, [chosen], [ev.model.num_layers])
     if backend in (LLAMA_CPP, OLLAMA):
         chosen = sorted(by_free_memory(pool)[:pp], key=lambda g: g.index)
         return ev.layer_split(backend, chosen)

@@ -64,7 +64,11 @@ def memory_text(c: Candidate, model: ModelSpec) -> str:
     return (f"{text}; {fraction:g} x {g.gpu.total_gib:.1f} GiB = {g.budget_gib:.1f} GiB budget minus weights, "
             f"activation {g.parts['activation']:.1f} and non-torch {g.parts['non_torch']:.2f} leaves "
             f"{g.parts['kv_cache']:.1f} GiB of KV on the tightest GPU = {mem.kv_tokens:,} tokens "
-            f"({fits:.1f} requests of {c.settings.max_model_len:,} tokens, KV {c.settings.kv_dtype})")
+            f"({fits:.1f} requests of {c.settings.max_model_len:,} tokens, KV {_kv_name(c.settings.kv_dtype)})")
+
+
+def _kv_name(kv: str) -> str:
+    return "16-bit (auto)" if kv == "auto" else kv
 
 
 def links_text(c: Candidate) -> str:
@@ -120,6 +124,8 @@ def plan_json(c: Candidate, model: ModelSpec, cluster: Cluster) -> dict[str, Any
         data["node_commands"] = run.node_commands
     data["risks"] = [r.to_json() for r in c.risks]
     data["why"] = why_text(c, model)
+    if c.notes:
+        data["notes"] = c.notes
     s = c.settings
     data["settings"] = {"dtype": s.fmt.name, "kv_cache_dtype": s.kv_dtype, "max_model_len": s.max_model_len,
                         "concurrency": s.concurrency, "layers_per_stage": list(c.layout.layers),

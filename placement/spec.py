@@ -66,8 +66,16 @@ class ModelSpec:
     sliding_window: int | None = None
     vision: VisionSpec | None = None
     text_params: float | None = None  # published total (catalog) the geometry is scaled to
+    hf_repo: str | None = None
     gguf: GgufTensors | None = None
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def serve_ref(self) -> str:
+        """What vLLM/SGLang should load: the operator's path or HF id, else the catalog's HF repo."""
+        if "/" in self.ref or not self.hf_repo:
+            return self.ref
+        return self.hf_repo
 
     @property
     def is_moe(self) -> bool:
@@ -314,7 +322,7 @@ def split_quant_suffix(name: str) -> tuple[str, str | None]:
 def find_catalog_key(ref: str) -> str | None:
     """Catalog key for an HF id, a path whose last part is a catalog name, or an Ollama-style tag."""
     entries = catalog()
-    last = ref.rstrip("/").split("/")[-1].removesuffix(":latest")
+    last = re.sub(r"\.gguf$", "", ref.rstrip("/").split("/")[-1].removesuffix(":latest"), flags=re.IGNORECASE)
     by_norm = {_norm(key): key for key in entries}
     by_norm.update({_norm(entry.get("hf_repo", "")): key for key, entry in entries.items()})
     stem, _ = split_quant_suffix(last)
@@ -339,6 +347,8 @@ def catalog_spec(key: str, ref: str) -> ModelSpec:
     entry = catalog()[key]
     spec = spec_from_hf_config(entry, key, ref, f"built-in catalog entry '{key}'")
     spec.vision = _catalog_vision(entry, spec.hidden_size)
+    spec.architecture = str(entry.get("architecture", spec.architecture))
+    spec.hf_repo = entry.get("hf_repo")
     text_b = entry.get("params_b_text") or entry["params_b_total"] - entry.get("params_b_vision", 0.0)
     spec.text_params = float(text_b) * 1e9
     if "kv_layers" in entry:
