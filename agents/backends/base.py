@@ -1,0 +1,167 @@
+"""What every backend adapter is, and the checks the agent makes before it starts anything.
+
+The server only ever sends structured `Launch` commands; the agent alone turns them into an argv.
+Nothing here trusts the server: the executable comes from the adapter (never from the command), model
+paths must resolve inside the directories this agent was configured with, model names must be plain
+names, and the GPU layout must add up. A refusal raises `LaunchRefused` before any process exists.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import ClassVar
+
+from agents import metrics
+from agents.protocol import Launch, ServerCounters
+
+LOOPBACK = "127.0.0.1"
+# A model name for backends that take names (Ollama tags, the simulated backend): path-like segments
+# that each start with a letter or digit, so a name can never be read as a flag, "..", or an absolute path.
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)*(:[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
+MAX_MODEL_NAME = 200
+
+
+class LaunchRefused(ValueError):
+    """The agent will not start this launch; `reason` says what is wrong, for the operator."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Adapter:
+    """One inference backend: how to start it, where it answers, and how to read its log."""
+
+    name: ClassVar[str]
+    executable_name: ClassVar[str]  # looked up on the agent's PATH; "" = this Python (sys.executable)
+    model_is_path: ClassVar[bool] = True
+    model_must_be_file: ClassVar[bool] = False
+    needs_gpu_per_rank: ClassVar[bool] = False  # tp * pp must equal the number of GPUs
+    health_path: ClassVar[str] = "/health"
+    metrics_path: ClassVar[str | None] = "/metrics"
+
+    def executable(self) -> str:
+        if not self.executable_name:
+            return sys.executable
+        found = shutil.which(self.executable_name)
+        if found is None:
+            raise LaunchRefused(f"{self.name}: executable {self.executable_name!r} is not installed on this "
+                                f"node (not found on the agent's PATH)")
+        return found
+
+    def check(self, launch: Launch) -> None:
+        """Backend-specific layout checks; raise LaunchRefused."""
+        if self.needs_gpu_per_rank and launch.options.tp * launch.options.pp != len(launch.gpus):
+            o = launch.options
+            raise LaunchRefused(f"{self.name}: tp {o.tp} x pp {o.pp} = {o.tp * o.pp} ranks, but the launch names "
+                                f"{len(launch.gpus)} GPUs {launch.gpus}; each rank needs exactly one GPU")
+
+    def argv(self, launch: Launch, port: int, host: str = LOOPBACK) -> list[str]:
+        raise NotImplementedError
+
+    def env(self, launch: Launch, port: int, host: str = LOOPBACK) -> dict[str, str]:
+        """The variables this launch sets on top of the agent's own environment."""
+        return {**gpu_env(launch.gpus), **launch.env}
+
+    def health_url(self, port: int, host: str = LOOPBACK) -> str:
+        return f"http://{url_host(host)}:{port}{self.health_path}"
+
+    def metrics_url(self, port: int, host: str = LOOPBACK) -> str | None:
+        return f"http://{url_host(host)}:{port}{self.metrics_path}" if self.metrics_path else None
+
+    def counters(self, body: str) -> ServerCounters:
+        """Turn a metrics response into counters (Prometheus text exposition unless overridden)."""
+        return metrics.counters_from_exposition(body)
+
+    def loading_progress(self, line: str) -> float | None:
+        """Weight-loading progress (0..1) that this log line shows, or None."""
+        return None
+
+    def load_request(self, launch: Launch, port: int, host: str = LOOPBACK) -> tuple[str, dict] | None:
+        """A request that loads the model once the server answers (URL, JSON body), for servers that start empty."""
+        return None
+
+
+def gpu_env(gpus: list[int]) -> dict[str, str]:
+    # NVML numbers GPUs in PCI bus order, CUDA fastest-first unless told otherwise: without
+    # CUDA_DEVICE_ORDER the plan's GPU 1 could be another card. "-1" hides every GPU (CPU only).
+    visible = ",".join(str(g) for g in gpus) if gpus else "-1"
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": visible}
+
+
+def url_host(host: str) -> str:
+    """Where to reach a server bound to `host` from this machine."""
+    if host in ("", "0.0.0.0"):
+        return LOOPBACK
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def admit(adapter: Adapter, launch: Launch, model_dirs: list[Path]) -> Launch:
+    """Check a launch against this node's rules; return it with `model` replaced by what argv may carry."""
+    split = launch.options.tensor_split
+    if split is not None and len(split) != len(launch.gpus):
+        raise LaunchRefused(f"tensor_split has {len(split)} entries {split} but the launch names "
+                            f"{len(launch.gpus)} GPUs {launch.gpus}; give one share per GPU")
+    if len(set(launch.gpus)) != len(launch.gpus):
+        raise LaunchRefused(f"GPU list {launch.gpus} names a GPU twice")
+    adapter.check(launch)
+    model = resolve_model_path(launch.model, model_dirs, adapter) if adapter.model_is_path \
+        else check_model_name(launch.model, adapter.name)
+    adapter.executable()
+    return launch.model_copy(update={"model": model})
+
+
+def check_model_name(name: str, backend: str) -> str:
+    if len(name) > MAX_MODEL_NAME or not MODEL_NAME.fullmatch(name) or ".." in name.split("/"):
+        raise LaunchRefused(f"{backend}: model name {name!r} is not a plain model name "
+                            f"(letters, digits, '._-', '/'-separated parts, optional ':tag')")
+    return name
+
+
+def resolve_model_path(model: str, model_dirs: list[Path], adapter: Adapter) -> str:
+    """The model's real path (symlinks followed) if it lies under one of the configured model directories."""
+    if not model_dirs:
+        raise LaunchRefused(f"{adapter.name}: this agent has no model directories configured, so it serves no "
+                            f"model paths (start it with --model-dir DIR)")
+    roots = [d.resolve() for d in model_dirs]
+    candidates = [Path(model)] if Path(model).is_absolute() else [root / model for root in roots]
+    for candidate in candidates:
+        real = candidate.resolve()
+        if any(real.is_relative_to(root) for root in roots) and real.exists():
+            return str(_check_kind(real, model, adapter))
+    inside = [c for c in candidates if any(c.resolve().is_relative_to(r) for r in roots)]
+    where = ", ".join(str(r) for r in roots)
+    if not inside:
+        raise LaunchRefused(f"{adapter.name}: model path {model!r} resolves to {candidates[0].resolve()}, which is "
+                            f"outside the allowed model directories ({where})")
+    raise LaunchRefused(f"{adapter.name}: model path {model!r} does not exist under the allowed model "
+                        f"directories ({where})")
+
+
+def _check_kind(real: Path, model: str, adapter: Adapter) -> Path:
+    if adapter.model_must_be_file and not real.is_file():
+        raise LaunchRefused(f"{adapter.name}: model {model!r} must be a model file (e.g. .gguf), not a directory")
+    return real
+
+
+def number(value: float) -> str:
+    """A float as argv text without noise: 1.0 -> "1", 0.9 -> "0.9"."""
+    return f"{value:g}"
+
+
+def valued_options(options: dict[str, object]) -> list[str]:
+    """`--flag value` for every option that is set."""
+    argv: list[str] = []
+    for flag, value in options.items():
+        if value is not None:
+            argv += [flag, number(value) if isinstance(value, float) else str(value)]
+    return argv
+
+
+def flag_options(options: dict[str, bool]) -> list[str]:
+    return [flag for flag, on in options.items() if on]
