@@ -54,6 +54,8 @@ def _parser() -> Parser:
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--decode-context", type=int, help="tokens in context while decoding (default: half the length)")
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--split-mode", default="layer", choices=["layer", "row", "tensor"],
+                   help="llama.cpp split mode (row is deprecated, tensor experimental)")
     p.add_argument("--limit", type=int, help="show at most this many plans and rejections")
     p.add_argument("--json", action="store_true")
     c = sub.add_parser("check", help="judge a command line: check --cluster C.json [--visible 0,1] -- vllm serve ...")
@@ -71,7 +73,7 @@ def _request(args: argparse.Namespace) -> Request:
                    kv_cache_dtype=args.kv_cache_dtype, backend=args.backend, tp=args.tp, pp=args.pp,
                    gpus=args.gpus, node=args.node, gpu_memory_utilization=args.gpu_memory_utilization,
                    max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-                   decode_context=args.decode_context, enforce_eager=args.enforce_eager)
+                   decode_context=args.decode_context, enforce_eager=args.enforce_eager, split_mode=args.split_mode)
 
 
 def _issues(items: list[dict[str, str]]) -> str:
@@ -103,6 +105,9 @@ def _check_lines(result: CheckResult, data: dict[str, Any]) -> list[str]:
     lines = [f"{verdict}: {shape_text(result.candidate)} on {where_text(result.candidate)}"]
     if data["memory_gib_per_gpu"]:
         lines.append(f"memory per GPU (GiB): {', '.join(f'{m:.1f}' for m in data['memory_gib_per_gpu'])}")
+    if data["decode_tok_s"] is not None:
+        lines.append(f"predicted: decode {data['decode_tok_s']:.1f} tok/s per stream, {data['decode_tok_s_total']:.0f} "
+                     f"in total, prefill {data['prefill_tok_s']:.0f} tok/s")
     lines += [f"problem: [{p['code']}] {p['message']}" for p in data["problems"]]
     lines += [f"risk: [{r['code']}] {r['message']}" for r in data["risks"]]
     lines += [f"note: {n}" for n in data["notes"]]

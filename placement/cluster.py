@@ -13,7 +13,7 @@ import csv
 import json
 import re
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ class GpuModel:
     mem_bw_gbs: float
     tflops: float  # dense BF16 (FP16 where the GPU has no BF16)
     nvlink_gbs_total: float
+    nvlink_gen: int
     pcie_gen: int
     pcie_p2p: bool  # stock driver allows P2P over PCIe (GeForce: no)
 
@@ -43,7 +44,7 @@ def gpu_table() -> tuple[GpuModel, ...]:
     return tuple(
         GpuModel(row["name"], row["family"], frozenset(row["hints"].split()), float(row["memory_gib"]),
                  float(row["mem_bw_gbs"]), float(row["bf16_tflops"]), float(row["nvlink_gbs_total"]),
-                 int(row["pcie_gen"]), row["pcie_p2p"] == "yes")
+                 int(row["nvlink_gen"]), int(row["pcie_gen"]), row["pcie_p2p"] == "yes")
         for row in csv.DictReader(text.splitlines())
     )
 
@@ -68,6 +69,7 @@ class GPU:
     mem_bw_gbs: float
     tflops: float
     nvlink_gbs_total: float
+    nvlink_gen: int
     pcie_gen: int
     driver_p2p: bool
     numa: str | None
@@ -108,22 +110,37 @@ class Node:
     def link(self, a: int, b: int) -> Link:
         return self.links[(a, b) if a < b else (b, a)]
 
-    def signature(self) -> tuple[Any, ...]:
-        """Everything planning depends on except the name: equal signatures give equal plans."""
-        gpus = tuple((g.index, g.model, g.memory_total_mib, g.memory_free_mib, g.mem_bw_gbs, g.tflops, g.numa)
-                     for g in self.gpus)
+    @cached_property
+    def quality(self) -> dict[tuple[int, int], int]:
+        """Link quality (lower is better) for every ordered pair, for building TP groups."""
+        found = {}
+        for (a, b), link in self.links.items():
+            found[(a, b)] = found[(b, a)] = link.quality
+        return found
+
+    def hardware_signature(self) -> tuple[Any, ...]:
+        """Everything planning depends on except the name and free memory."""
+        gpus = tuple((g.index, g.model, g.memory_total_mib, g.mem_bw_gbs, g.tflops, g.numa) for g in self.gpus)
         return gpus, tuple(sorted(self.links.items())), self.network_gbps, self.rdma
+
+    def signature(self) -> tuple[Any, ...]:
+        """Hardware plus free memory: equal signatures give equal plans."""
+        return self.hardware_signature(), tuple(g.memory_free_mib for g in self.gpus)
 
 
 @dataclass
 class Cluster:
     nodes: list[Node]
 
+    @cached_property
+    def _by_name(self) -> dict[str, Node]:
+        return {node.name: node for node in self.nodes}
+
     def node(self, name: str) -> Node:
-        for node in self.nodes:
-            if node.name == name:
-                return node
-        raise PlacementError(f"no node named '{name}' in the cluster ({', '.join(n.name for n in self.nodes)})")
+        found = self._by_name.get(name)
+        if found is None:
+            raise PlacementError(f"no node named '{name}' in the cluster ({', '.join(n.name for n in self.nodes)})")
+        return found
 
 
 # ---------------------------------------------------------------- loading
@@ -212,7 +229,8 @@ def _gpu(raw: Any, node: str, where: str, numa: dict[int, str | None]) -> GPU:
         node=node, index=index, name=name, memory_total_mib=total, memory_free_mib=free,
         mem_bw_gbs=_number(raw, "mem_bw_gbs", where) if bw is not None else model.mem_bw_gbs,
         tflops=_number(raw, "bf16_tflops", where) if tflops is not None else model.tflops,
-        nvlink_gbs_total=model.nvlink_gbs_total if model else 0.0, pcie_gen=model.pcie_gen if model else 4,
+        nvlink_gbs_total=model.nvlink_gbs_total if model else 0.0, nvlink_gen=model.nvlink_gen if model else 0,
+        pcie_gen=model.pcie_gen if model else 4,
         driver_p2p=model.pcie_p2p if model else True,
         numa=str(raw["numa"]) if raw.get("numa") is not None else numa.get(index),
         model=model.name if model else "override",
@@ -278,8 +296,9 @@ def _links(gpus: list[GPU], topo: dict[str, Any] | None, p2p: dict[str, Any] | N
     for i, a in enumerate(gpus):
         for b in gpus[i + 1:]:
             key = (a.index, b.index)
+            nvlink = (min(a.nvlink_gbs_total, b.nvlink_gbs_total), min(a.nvlink_gen, b.nvlink_gen))
             links[key] = gpu_link(labels.get(key), statuses.get(key), min(a.pcie_gen, b.pcie_gen),
-                                  a.driver_p2p and b.driver_p2p, min(a.nvlink_gbs_total, b.nvlink_gbs_total))
+                                  a.driver_p2p and b.driver_p2p, nvlink)
     return links
 
 

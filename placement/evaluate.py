@@ -54,6 +54,7 @@ class Evaluator:
         self.settings: dict[str, Settings] = {b: resolve(model, request, b) for b in self.backends}
         self.weights: dict[str, WeightBytes] = {b: weight_bytes(model, s.fmt) for b, s in self.settings.items()}
         self._perf: dict[tuple[object, ...], Perf] = {}
+        self.layouts: dict[tuple[object, ...], Layout | None] = {}
 
     def layer_split(self, backend: str, gpus: list[GPU]) -> Layout:
         counts = layer_split_counts(self.model, self.weights[backend], gpus, self.settings[backend])
@@ -72,7 +73,7 @@ class Evaluator:
         memory = self._memory(layout, settings, self.request.split_mode)
         perf = self._predict(layout, settings, memory) if not memory.problems else None
         return Candidate(layout, settings, memory, perf, memory.problems, memory.risks + risks,
-                         _split_notes(layout.backend, self.request.split_mode))
+                         _split_notes(layout.backend, self.request.split_mode) + _rpc_notes(layout))
 
     def _memory(self, layout: Layout, settings: Settings, split_mode: str) -> MemoryReport:
         wb = self.weights[layout.backend]
@@ -102,3 +103,10 @@ def _split_notes(backend: str, split_mode: str) -> list[str]:
                 "prefer layer"]
     return ["--split-mode tensor is experimental in llama.cpp: it needs flash attention, an NCCL build "
             "(-DGGML_CUDA_NCCL=ON) and an unquantized KV cache, and excludes several MoE/hybrid models"]
+
+
+def _rpc_notes(layout: Layout) -> list[str]:
+    if layout.backend != LLAMA_CPP or not layout.multi_node:
+        return []
+    return ["llama.cpp lists RPC devices and local GPUs in its own order: check `llama-server --list-devices "
+            "--rpc ...` and reorder --tensor-split to match before launching"]

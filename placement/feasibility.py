@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from placement.dtypes import HF
 from placement.layout import Layout
-from placement.links import CROSS_SOCKET, NETWORK, UNKNOWN
+from placement.links import CROSS_SOCKET, NETWORK, UNKNOWN, Link
 from placement.memory import Issue
-from placement.request import FAMILY, Settings
+from placement.request import FAMILY, LLAMA_CPP, Settings
 from placement.spec import ModelSpec
 
 QUANT_GROUP = 128  # AWQ/GPTQ group size: each TP shard of a row-parallel weight needs whole groups
@@ -86,8 +86,14 @@ def network_issues(layout: Layout) -> tuple[list[Issue], list[Issue]]:
         problems.append(Issue("network", "a node gives no network_gbps, so the link between nodes is unknown"))
     slow = [link for link in layout.boundaries if link is not None and link.kind == NETWORK]
     if slow and not all("RDMA" in link.label for link in slow):
-        worst = min(slow, key=lambda link: link.busbw_gbs)
-        risks.append(Issue("network", f"stages hand off over {worst.label} without RDMA: NCCL falls back to "
-                           "TCP sockets; set NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME to the interface that "
-                           "links the nodes (multi-NIC hosts otherwise pick the wrong one and hang)"))
+        risks.append(_slow_network(layout.backend, min(slow, key=lambda link: link.busbw_gbs)))
     return problems, risks
+
+
+def _slow_network(backend: str, link: Link) -> Issue:
+    if backend == LLAMA_CPP:
+        return Issue("network", f"llama.cpp RPC hands activations over {link.label} by TCP and rpc-server has no "
+                     "authentication: keep it on a private interface; RPC adds a round trip per stage per token")
+    return Issue("network", f"stages hand off over {link.label} without RDMA: NCCL falls back to TCP sockets; set "
+                 "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME to the interface that links the nodes (multi-NIC hosts "
+                 "otherwise pick the wrong one and hang)")

@@ -24,12 +24,13 @@ def _group_at(node: Node, pool: list[GPU], size: int, count: int, level: int) ->
 
 
 def _grow(node: Node, candidates: list[GPU], size: int, level: int) -> tuple[GPU, ...] | None:
+    quality = node.quality
     for seed in candidates:
         group = [seed]
         for gpu in candidates:
             if gpu is seed or len(group) == size:
                 continue
-            if all(node.link(gpu.index, member.index).quality <= level for member in group):
+            if all(quality[(gpu.index, member.index)] <= level for member in group):
                 group.append(gpu)
         if len(group) == size:
             return tuple(sorted(group, key=lambda g: g.index))

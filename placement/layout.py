@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from placement.cluster import GPU, Cluster, cross_node_link
 from placement.links import Link, worst
@@ -25,11 +26,11 @@ class Layout:
     def pp(self) -> int:
         return len(self.stages)
 
-    @property
+    @cached_property
     def gpus(self) -> list[GPU]:
         return [gpu for stage in self.stages for gpu in stage]
 
-    @property
+    @cached_property
     def node_names(self) -> list[str]:
         names: list[str] = []
         for gpu in self.gpus:

@@ -41,6 +41,7 @@ class Link:
     p2p: str | None  # status from `nvidia-smi topo -p2p`, None when not reported
     step_us: float  # latency of one ring step
     busbw_gbs: float  # all-reduce bus bandwidth
+    nvlink_gen: int = 0
 
     @property
     def quality(self) -> int:
@@ -53,6 +54,11 @@ class Link:
 
     def describe(self) -> str:
         status = f", P2P {self.p2p}" if self.p2p else ""
+        if self.kind == NVLINK:
+            links = NV_RE.match(self.label)
+            generation = f", generation {self.nvlink_gen}" if self.nvlink_gen else ""
+            return f"{self.label} (NVLink, {links.group(1) if links else '?'} links{generation}, " \
+                   f"~{self.busbw_gbs:.0f} GB/s bus{status})"
         return f"{self.label} ({KIND_TEXT[self.kind]}{status})"
 
     def allreduce_us(self, size_bytes: float, ranks: int) -> float:
@@ -71,14 +77,18 @@ def _pcie(gen: int) -> float:
     return PCIE_GBS.get(gen, PCIE_GBS[4])
 
 
-def gpu_link(label: str | None, p2p: str | None, pcie_gen: int, driver_p2p: bool, nvlink_total: float) -> Link:
-    """The link between two GPUs of one node, from its topo -m label and P2P status."""
+def gpu_link(label: str | None, p2p: str | None, pcie_gen: int, driver_p2p: bool,
+             nvlink: tuple[float, int] = (0.0, 0)) -> Link:
+    """The link between two GPUs of one node, from its topo -m label and P2P status; `nvlink` is the
+    GPUs' NVLink total bandwidth (GB/s, both directions) and generation from the GPU table."""
     if label is None:
         return Link("?", UNKNOWN, p2p, STAGED_STEP_US, STAGED_SHARE * _pcie(pcie_gen))
     nv = NV_RE.match(label)
     if nv:
-        cap = 0.75 * nvlink_total / 2 if nvlink_total else float("inf")
-        return Link(label, NVLINK, p2p, NVLINK_STEP_US, min(int(nv.group(1)) * NVLINK_GBS_PER_LINK, cap))
+        total, generation = nvlink
+        cap = 0.75 * total / 2 if total else float("inf")
+        return Link(label, NVLINK, p2p, NVLINK_STEP_US, min(int(nv.group(1)) * NVLINK_GBS_PER_LINK, cap),
+                    generation)
     if label in ("SYS", "SOC"):
         return Link(label, CROSS_SOCKET, p2p, STAGED_STEP_US, STAGED_SHARE * _pcie(pcie_gen))
     has_p2p = p2p == "OK" or (p2p not in P2P_BROKEN and driver_p2p)

@@ -215,8 +215,12 @@ def vllm_family_memory(model: ModelSpec, wb: WeightBytes, layout: Layout, settin
     # vLLM captures graphs outside its budget; SGLang keeps activations, graphs and non-torch memory outside.
     outside = graphs + (max(peaks) + non_torch if sglang else 0.0)
     fraction, risks, problems = choose_fraction(layout, settings, outside)
-    gpus = [_rank_memory(model, wb, layout, settings, stage, gpu, fraction, peaks[stage], graphs)
-            for stage, group in enumerate(layout.stages) for gpu in group]
+    gpus = []
+    for stage, group in enumerate(layout.stages):
+        weights = stage_weight_bytes(model, wb, layout, stage) / GIB
+        per_token = kv_bytes_per_token(model, layout, stage, settings.kv_bytes)
+        parts = {"weights": weights, "activation": peaks[stage], "non_torch": non_torch}
+        gpus += [_rank_memory(parts, per_token, settings, layout, stage, gpu, fraction, graphs) for gpu in group]
     kv_tokens = min(g.kv_tokens or 0 for g in gpus)
     problems += _fit_problems(gpus, settings, kv_tokens, sglang) + context_problems(model, settings)
     knob = "mem_fraction_static" if sglang else "gpu_memory_utilization"
@@ -224,20 +228,14 @@ def vllm_family_memory(model: ModelSpec, wb: WeightBytes, layout: Layout, settin
     return MemoryReport(gpus, kv_tokens, problems, risks, knobs)
 
 
-def _rank_memory(model: ModelSpec, wb: WeightBytes, layout: Layout, settings: Settings, stage: int, gpu: GPU,
-                 fraction: float, activation: float, graphs: float) -> GpuMemory:
-    parts = {
-        "weights": stage_weight_bytes(model, wb, layout, stage) / GIB,
-        "activation": activation,
-        "non_torch": NON_TORCH_GIB + (NCCL_GIB if len(layout.gpus) > 1 else 0.0),
-    }
+def _rank_memory(shared: dict[str, float], per_token: float, settings: Settings, layout: Layout, stage: int,
+                 gpu: GPU, fraction: float, graphs: float) -> GpuMemory:
+    """One GPU: the stage's weights, activation and non-torch memory; the rest of the budget is KV."""
     budget = gpu.total_gib * fraction
     sglang = settings.backend == SGLANG
-    kv_gib = max(0.0, budget - _inside_budget(parts, sglang))
-    per_token = kv_bytes_per_token(model, layout, stage, settings.kv_bytes)
+    kv_gib = max(0.0, budget - _inside_budget(shared, sglang))
     block = 1 if sglang else BLOCK
-    parts["kv_cache"] = kv_gib
-    parts["cuda_graphs"] = graphs
+    parts = {**shared, "kv_cache": kv_gib, "cuda_graphs": graphs}
     kv_tokens = int(kv_gib * GIB // (per_token * block)) * block if per_token else 0
     return GpuMemory(gpu, stage, layout.first_layer(stage), layout.layers[stage], parts, gpu.free_gib,
                      f"{gpu.free_gib:.1f} GiB free", kv_tokens, budget)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,8 @@ class GgufTensors:
 
 @dataclass
 class ModelSpec:
+    """Treat as immutable once loaded: the parameter counts below are computed once and cached."""
+
     name: str
     ref: str  # what the operator typed; commands use it
     source: str
@@ -119,7 +121,7 @@ class ModelSpec:
             return shared + self.hidden_size * self.num_experts
         return 3.0 * self.hidden_size * self.intermediate_size
 
-    @property
+    @cached_property
     def geometric_layer_params(self) -> float:
         return self.attn_qo_params + self.attn_kv_params + self.expert_params + self.dense_mlp_params \
             + 2.0 * self.hidden_size
@@ -132,7 +134,7 @@ class ModelSpec:
     def lm_head_params(self) -> float:
         return 0.0 if self.tie_word_embeddings else self.embed_params
 
-    @property
+    @cached_property
     def layer_scale(self) -> float:
         """Factor that makes the geometry add up to the published text total (1.0 without one)."""
         if not self.text_params:
@@ -140,11 +142,11 @@ class ModelSpec:
         return (self.text_params - self.embed_params - self.lm_head_params) / (
             self.num_layers * self.geometric_layer_params)
 
-    @property
+    @cached_property
     def layer_params(self) -> float:
         return self.geometric_layer_params * self.layer_scale
 
-    @property
+    @cached_property
     def total_text_params(self) -> float:
         return self.num_layers * self.layer_params + self.embed_params + self.lm_head_params
 
@@ -152,11 +154,11 @@ class ModelSpec:
     def vision_params(self) -> float:
         return self.vision.params if self.vision else 0.0
 
-    @property
+    @cached_property
     def total_params(self) -> float:
         return self.total_text_params + self.vision_params
 
-    @property
+    @cached_property
     def active_params(self) -> float:
         """Parameters one token touches: all dense parts, top-k of the experts, embeddings once."""
         inactive = self.expert_params * (1 - self.experts_per_tok / self.num_experts) if self.is_moe else 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from placement.dtypes import WeightFormat
 from placement.errors import PlacementError
@@ -26,13 +27,15 @@ class WeightBytes:
     def total(self) -> float:
         return sum(self.layers) + self.embed + self.lm_head + self.vision
 
-    def layer_span(self, first: int, last: int) -> float:
-        return sum(self.layers[first:last])
+    @cached_property
+    def _prefix(self) -> list[float]:
+        sums = [0.0]
+        for size in self.layers:
+            sums.append(sums[-1] + size)
+        return sums
 
-    def active_layer_span(self, first: int, last: int, touched_share: float) -> float:
-        """Bytes a decode step reads for layers [first, last) when `touched_share` of experts are hit."""
-        skipped = self.experts * (1 - touched_share) * (last - first)
-        return self.layer_span(first, last) - skipped
+    def layer_span(self, first: int, last: int) -> float:
+        return self._prefix[last] - self._prefix[first]
 
 
 def weight_bytes(spec: ModelSpec, fmt: WeightFormat) -> WeightBytes:

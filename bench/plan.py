@@ -1,0 +1,87 @@
+"""Time the placement planner on fleets of 1, 100 and 1,000 nodes of 8 GPUs.
+
+    .venv/bin/python bench/plan.py [--model Llama-3.1-70B-Instruct] [--repeat 3]
+
+Fleets mix four node types (8x H100 SXM NV18, 8x A100 SXM NV12, 8x L40S as two 4-GPU sockets, 8x RTX
+4090 all SYS) with network links. Two load patterns:
+  * "typical": 30 % of nodes run other work (used memory varies per GPU), the rest are idle;
+  * "all distinct": every node has different free memory, so no two nodes share a plan (worst case).
+Reported: best wall time of `plan()` over --repeat runs, plus rendering the top 10 plans as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from placement import Request, load_cluster, load_model, plan  # noqa: E402
+
+NODE_TYPES = [  # (GPU name, MiB, link inside a socket, link across sockets, network Gb/s, RDMA)
+    ("NVIDIA H100 80GB HBM3", 81559, "NV18", "NV18", 400, True),
+    ("NVIDIA A100-SXM4-80GB", 81920, "NV12", "NV12", 200, True),
+    ("NVIDIA L40S", 46068, "NODE", "SYS", 100, False),
+    ("NVIDIA GeForce RTX 4090", 24564, "SYS", "SYS", 25, False),
+]
+
+
+def _topology(inside: str, across: str) -> dict[str, Any]:
+    links = [{"a": f"GPU{a}", "b": f"GPU{b}", "link": inside if a // 4 == b // 4 else across}
+             for a in range(8) for b in range(a + 1, 8)]
+    gpus = [{"name": f"GPU{i}", "cpu_affinity": None, "numa_affinity": str(i // 4)} for i in range(8)]
+    return {"kind": "matrix", "mode": None, "gpus": gpus, "nics": [], "links": links}
+
+
+def fleet(nodes: int, pattern: str, seed: int = 7) -> dict[str, Any]:
+    rng = random.Random(seed)
+    built = []
+    for n in range(nodes):
+        name, mib, inside, across, gbps, rdma = NODE_TYPES[n % len(NODE_TYPES)]
+        busy = pattern == "all distinct" or rng.random() < 0.3
+        gpus = []
+        for i in range(8):
+            used = rng.uniform(0.02, 0.5) * mib if busy else 0.0
+            gpus.append({"index": i, "name": name, "memory_total_mib": mib, "memory_free_mib": round(mib - used)})
+        built.append({"name": f"node-{n:04d}", "gpus": gpus, "topology": _topology(inside, across),
+                      "network_gbps": gbps, "rdma": rdma, "address": f"10.1.{n // 256}.{n % 256}"})
+    return {"nodes": built}
+
+
+def time_plan(model_ref: str, nodes: int, pattern: str, repeat: int) -> tuple[float, float, int, int]:
+    cluster = load_cluster(fleet(nodes, pattern))
+    model = load_model(model_ref)
+    request = Request(max_model_len=8192, concurrency=8)
+    best_plan = best_json = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = plan(model, cluster, request)
+        middle = time.perf_counter()
+        result.to_json(limit=10, rejected_limit=10)
+        end = time.perf_counter()
+        best_plan, best_json = min(best_plan, middle - start), min(best_json, end - middle)
+    return best_plan, best_json, len(result.plans), len(result.rejected)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="Llama-3.1-70B-Instruct")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    print(f"model {args.model}, 8 GPUs per node, best of {args.repeat}")
+    print(f"{'pattern':13s} {'nodes':>6s} {'plan() s':>9s} {'per node ms':>12s} {'top-10 JSON s':>14s} "
+          f"{'plans':>6s} {'rejected':>9s}")
+    for pattern in ("typical", "all distinct"):
+        for nodes in (1, 100, 1000):
+            planning, rendering, plans, rejected = time_plan(args.model, nodes, pattern, args.repeat)
+            print(f"{pattern:13s} {nodes:6d} {planning:9.3f} {planning / nodes * 1e3:12.2f} {rendering:14.3f} "
+                  f"{plans:6d} {rejected:9d}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
