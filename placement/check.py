@@ -10,7 +10,7 @@ from placement.command_parse import ParsedCommand, parse_command, parse_visible
 from placement.errors import PlacementError
 from placement.evaluate import Candidate, Evaluator
 from placement.layout import even_layers, make_layout
-from placement.memory import Issue
+from placement.memory import Issue, default_fraction
 from placement.memory_gguf import counts_from_fractions
 from placement.plans import plan
 from placement.request import LLAMA_CPP, OLLAMA, SGLANG, VLLM, Request
@@ -98,8 +98,7 @@ def _request(cmd: ParsedCommand, model: ModelSpec, dtype: str | None, concurrenc
         return Request(
             max_model_len=cmd.integer("--max-model-len", model.max_position_embeddings),
             concurrency=concurrency or 1, dtype=dtype, kv_cache_dtype=cmd.get("--kv-cache-dtype", "auto") or "auto",
-            backend=cmd.backend, gpu_memory_utilization=cmd.number("--gpu-memory-utilization")
-            or (0.9 if cmd.backend == VLLM else None),
+            backend=cmd.backend, gpu_memory_utilization=_fraction(cmd),
             max_num_batched_tokens=cmd.integer("--max-num-batched-tokens"), max_num_seqs=cmd.integer("--max-num-seqs"),
             enforce_eager=cmd.flag("--enforce-eager") or cmd.flag("--disable-cuda-graph"))
     if cmd.backend == LLAMA_CPP:
@@ -109,10 +108,19 @@ def _request(cmd: ParsedCommand, model: ModelSpec, dtype: str | None, concurrenc
                        kv_cache_dtype=cmd.get("--cache-type-k", "f16") or "f16", backend=LLAMA_CPP,
                        flash_attention=str(cmd.get("--flash-attn", "on")).lower() not in ("off", "0", "false"),
                        split_mode=cmd.get("--split-mode", "layer") or "layer")
+    flash = env.get("OLLAMA_FLASH_ATTENTION", "0").lower() in TRUE
     return Request(max_model_len=int(env.get("OLLAMA_CONTEXT_LENGTH", 4096)),
                    concurrency=int(env.get("OLLAMA_NUM_PARALLEL", 1)), dtype=dtype,
-                   kv_cache_dtype=env.get("OLLAMA_KV_CACHE_TYPE", "f16"), backend=OLLAMA,
-                   flash_attention=env.get("OLLAMA_FLASH_ATTENTION", "0").lower() in TRUE)
+                   kv_cache_dtype=env.get("OLLAMA_KV_CACHE_TYPE", "f16") if flash else "f16",  # quantized KV needs FA
+                   backend=OLLAMA, flash_attention=flash)
+
+
+def _fraction(cmd: ParsedCommand) -> float:
+    """The fraction the server will really use: the flag, else its fixed default (no lowering for busy GPUs)."""
+    explicit = cmd.number("--gpu-memory-utilization")
+    if explicit is not None:
+        return explicit
+    return default_fraction(cmd.backend, cmd.integer("--tensor-parallel-size", 1) or 1)
 
 
 def _visible_gpus(cmd: ParsedCommand, node: Node, visible: list[int] | str | None,

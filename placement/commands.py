@@ -74,7 +74,6 @@ def _vllm_argv(model: ModelSpec, c: Candidate) -> list[str]:
             "--gpu-memory-utilization", f"{knobs.get('gpu_memory_utilization', 0.9):g}"]
     argv += _dtype_flags(model, c)
     argv += ["--kv-cache-dtype", s.kv_dtype] if s.kv_dtype != "auto" else []
-    argv += ["--max-num-seqs", str(s.concurrency)] if s.concurrency > 1 else []
     if model.vision and lay.tp > 1 and model.vision.num_heads % lay.tp:
         argv += ["--mm-encoder-tp-mode", "data"]
     argv += ["--disable-custom-all-reduce"] if _needs_plain_allreduce(c) else []

@@ -53,25 +53,53 @@ class StageTime:
 
 
 @dataclass
+class DecodeStep:
+    """One decode cycle: `micro` micro-batches of `batch` streams pass through the stages."""
+
+    micro: int
+    batch: int
+    stages: list[StageTime]
+    handoff_ms: float
+    overhead_ms: float
+
+    @property
+    def serial_ms(self) -> float:
+        """One micro-batch through every stage in turn (what one stream waits per token)."""
+        return sum(s.total_ms for s in self.stages) + self.handoff_ms + self.overhead_ms
+
+    @property
+    def cycle_ms(self) -> float:
+        """Time until every micro-batch has produced a token; the slowest stage paces a full pipeline."""
+        slowest = max(s.total_ms for s in self.stages) + self.overhead_ms
+        return max(self.serial_ms, self.micro * slowest)
+
+    @property
+    def tok_s(self) -> float:
+        return self.micro * self.batch / self.cycle_ms * 1e3
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "micro_batches": self.micro, "batch": self.batch,
+            "stages_ms": [{"hbm": round(s.hbm_ms, 2), "compute": round(s.compute_ms, 2), "tp_comm": round(s.tp_ms, 2)}
+                          for s in self.stages],
+            "pp_handoff_ms": round(self.handoff_ms, 3), "overhead_ms": self.overhead_ms,
+            "serial_ms": round(self.serial_ms, 2), "cycle_ms": round(self.cycle_ms, 2),
+        }
+
+
+@dataclass
 class Perf:
     decode_tok_s: float  # per stream at the requested concurrency
     decode_tok_s_total: float
     single_stream_tok_s: float
     prefill_tok_s: float
     streams: int  # concurrency actually served (KV-limited for vLLM/SGLang)
-    step: list[StageTime]
-    handoff_ms: float
-    overhead_ms: float
+    step: DecodeStep
     assumes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "streams": self.streams,
-            "stages_ms": [{"hbm": round(s.hbm_ms, 2), "compute": round(s.compute_ms, 2), "tp_comm": round(s.tp_ms, 2)}
-                          for s in self.step],
-            "pp_handoff_ms": round(self.handoff_ms, 3), "step_overhead_ms": self.overhead_ms,
-            "single_stream_tok_s": round(self.single_stream_tok_s, 1), "assumes": self.assumes,
-        }
+        return {"streams": self.streams, "decode_step": self.step.to_json(),
+                "single_stream_tok_s": round(self.single_stream_tok_s, 1), "assumes": self.assumes}
 
 
 def _gpu_stage_bytes(model: ModelSpec, wb: WeightBytes, layout: Layout, stage: int, batch: int) -> float:
@@ -124,21 +152,13 @@ def overhead_ms(layout: Layout, settings: Settings) -> float:
     return STEP_OVERHEAD_MS[settings.backend] + eager
 
 
-def serial_step_ms(model: ModelSpec, wb: WeightBytes, layout: Layout, settings: Settings, batch: int) -> float:
-    stages = [stage_time(model, wb, layout, settings, s, batch, settings.decode_context) for s in range(layout.pp)]
-    return sum(s.total_ms for s in stages) + handoff_ms(model, layout, batch) + overhead_ms(layout, settings)
-
-
-def decode_total(model: ModelSpec, wb: WeightBytes, layout: Layout, settings: Settings, streams: int) -> float:
-    """Tokens/s over `streams` concurrent streams."""
+def decode_step(model: ModelSpec, wb: WeightBytes, layout: Layout, settings: Settings, streams: int) -> DecodeStep:
+    """vLLM/SGLang split the streams into up to PP micro-batches; llama.cpp/Ollama run one batch."""
     pipelined = settings.backend in (VLLM, SGLANG) and layout.pp > 1
     micro = min(streams, layout.pp) if pipelined else 1
     batch = math.ceil(streams / micro)
-    serial = serial_step_ms(model, wb, layout, settings, batch)
-    slowest = max(stage_time(model, wb, layout, settings, s, batch, settings.decode_context).total_ms
-                  for s in range(layout.pp)) + overhead_ms(layout, settings)
-    cycle = max(serial, micro * slowest)
-    return micro * batch / cycle * 1e3
+    stages = [stage_time(model, wb, layout, settings, s, batch, settings.decode_context) for s in range(layout.pp)]
+    return DecodeStep(micro, batch, stages, handoff_ms(model, layout, batch), overhead_ms(layout, settings))
 
 
 def prefill_tok_s(model: ModelSpec, wb: WeightBytes, layout: Layout, settings: Settings, prompt: int,
@@ -168,12 +188,11 @@ def kv_layer_count(model: ModelSpec, layout: Layout, stage: int) -> float:
 def predict(model: ModelSpec, wb: WeightBytes, layout: Layout, settings: Settings, kv_tokens: int | None,
             chunk: int) -> Perf:
     streams = served_streams(layout, settings, kv_tokens)
-    total = decode_total(model, wb, layout, settings, streams)
-    single = decode_total(model, wb, layout, settings, 1)
+    step = decode_step(model, wb, layout, settings, streams)
+    single = decode_step(model, wb, layout, settings, 1).tok_s
     prompt = min(settings.max_model_len, 2048)
-    stages = [stage_time(model, wb, layout, settings, s, streams, settings.decode_context) for s in range(layout.pp)]
-    perf = Perf(total / streams, total, single, prefill_tok_s(model, wb, layout, settings, prompt, chunk), streams,
-                stages, handoff_ms(model, layout, streams), overhead_ms(layout, settings))
+    prefill = prefill_tok_s(model, wb, layout, settings, prompt, chunk)
+    perf = Perf(step.tok_s / streams, step.tok_s, single, prefill, streams, step)
     perf.assumes = _assumptions(model, layout, settings, streams, prompt)
     return perf
 

@@ -71,6 +71,8 @@ def validate(request: Request) -> Request:
         (request.gpus is not None and len(set(request.gpus)) != len(request.gpus or ()),
          f"--gpus repeats a GPU: {request.gpus}"),
         (request.split_mode not in ("layer", "row", "tensor"), f"unknown split mode '{request.split_mode}'"),
+        (request.decode_context is not None and request.decode_context < 1,
+         f"decode context must be positive, got {request.decode_context}"),
     ]
     for failed, message in checks:
         if failed:

@@ -30,8 +30,9 @@ def shape_text(c: Candidate) -> str:
     lay = c.layout
     name = BACKEND_NAMES[c.backend]
     if c.backend in (LLAMA_CPP, OLLAMA):
-        split = "layer split" if lay.pp > 1 else "one GPU"
-        return f"{name} ({split})"
+        if lay.tp > 1:
+            return f"{name} ({c.settings.request.split_mode} split over {lay.tp} GPUs)"
+        return f"{name} ({'layer split' if lay.pp > 1 else 'one GPU'})"
     return f"{name} TP={lay.tp} x PP={lay.pp}"
 
 
@@ -59,7 +60,7 @@ def memory_text(c: Candidate, model: ModelSpec) -> str:
                 f"{c.settings.max_model_len:,} tokens = {mem.kv_tokens:,} tokens ({kv:.1f} GiB, "
                 f"{c.settings.kv_dtype}); busiest GPU {max(g.used_gib for g in mem.gpus):.1f} GiB")
     g = min(mem.gpus, key=lambda x: x.kv_tokens or 0)
-    fraction = next(iter(mem.knobs.values()))
+    fraction = mem.knobs.get("gpu_memory_utilization", mem.knobs.get("mem_fraction_static"))
     fits = (mem.kv_tokens or 0) / c.settings.max_model_len
     return (f"{text}; {fraction:g} x {g.gpu.total_gib:.1f} GiB = {g.budget_gib:.1f} GiB budget minus weights, "
             f"activation {g.parts['activation']:.1f} and non-torch {g.parts['non_torch']:.2f} leaves "
@@ -83,18 +84,18 @@ def links_text(c: Candidate) -> str:
 def speed_text(c: Candidate) -> str:
     perf = c.perf
     assert perf is not None
-    gpu = c.layout.gpus[0]
-    hbm = sum(s.hbm_ms for s in perf.step)
-    tp = sum(s.tp_ms for s in perf.step)
-    eff = HBM_EFFICIENCY[c.backend]
-    text = (f"decode step at {perf.streams} stream(s): {hbm:.1f} ms of HBM reads over {c.layout.pp} stage(s) at "
-            f"{eff:.0%} of {gpu.mem_bw_gbs:g} GB/s")
-    if tp:
-        text += f" + {tp:.1f} ms TP all-reduce"
-    if perf.handoff_ms >= 0.01:
-        text += f" + {perf.handoff_ms:.2f} ms hand-offs"
-    return (f"{text} + {perf.overhead_ms:g} ms overhead -> {perf.decode_tok_s:.1f} tok/s per stream, "
-            f"{perf.decode_tok_s_total:.0f} tok/s in total; prefill ~{perf.prefill_tok_s:.0f} tok/s")
+    step, gpu = perf.step, c.layout.gpus[0]
+    hbm = sum(s.hbm_ms for s in step.stages)
+    tp = sum(s.tp_ms for s in step.stages)
+    text = (f"decode: {step.batch} stream(s) per micro-batch read for {hbm:.1f} ms over {c.layout.pp} stage(s) at "
+            f"{HBM_EFFICIENCY[c.backend]:.0%} of {gpu.mem_bw_gbs:g} GB/s")
+    text += f" + {tp:.1f} ms TP all-reduce" if tp >= 0.05 else ""
+    text += f" + {step.handoff_ms:.2f} ms hand-offs" if step.handoff_ms >= 0.01 else ""
+    text += f" + {step.overhead_ms:g} ms overhead = {step.serial_ms:.1f} ms per token"
+    if step.micro > 1:
+        text += f"; {step.micro} micro-batches in flight, one every {step.cycle_ms / step.micro:.1f} ms"
+    return (f"{text} -> {perf.decode_tok_s:.1f} tok/s per stream, {perf.decode_tok_s_total:.0f} tok/s for "
+            f"{perf.streams} stream(s); prefill ~{perf.prefill_tok_s:.0f} tok/s")
 
 
 def why_text(c: Candidate, model: ModelSpec) -> str:

@@ -209,4 +209,4 @@ def test_it_keeps_every_expert_resident_but_reads_only_active_ones() -> None:
     c = result.plans[0]
     assert c.memory.weights_gib_max * 2 == pytest.approx(46.7e9 * 2 / 2**30, rel=0.02)
     dense_equivalent = 46.7e9 * 2 / 2 / (3350e9 * 0.62) * 1e3
-    assert c.perf.step[0].hbm_ms < dense_equivalent / 2  # top-2 of 8 experts per token
+    assert c.perf.step.stages[0].hbm_ms < dense_equivalent / 2  # top-2 of 8 experts per token
