@@ -109,10 +109,17 @@ def _request(cmd: ParsedCommand, model: ModelSpec, dtype: str | None, concurrenc
                        flash_attention=str(cmd.get("--flash-attn", "on")).lower() not in ("off", "0", "false"),
                        split_mode=cmd.get("--split-mode", "layer") or "layer")
     flash = env.get("OLLAMA_FLASH_ATTENTION", "0").lower() in TRUE
-    return Request(max_model_len=int(env.get("OLLAMA_CONTEXT_LENGTH", 4096)),
-                   concurrency=int(env.get("OLLAMA_NUM_PARALLEL", 1)), dtype=dtype,
+    return Request(max_model_len=_env_int(env, "OLLAMA_CONTEXT_LENGTH", 4096),
+                   concurrency=_env_int(env, "OLLAMA_NUM_PARALLEL", 1), dtype=dtype,
                    kv_cache_dtype=env.get("OLLAMA_KV_CACHE_TYPE", "f16") if flash else "f16",  # quantized KV needs FA
                    backend=OLLAMA, flash_attention=flash)
+
+
+def _env_int(env: dict[str, str], key: str, default: int) -> int:
+    try:
+        return int(env.get(key, default))
+    except ValueError as exc:
+        raise PlacementError(f"{key} must be an integer, got '{env[key]}'") from exc
 
 
 def _fraction(cmd: ParsedCommand) -> float:
@@ -147,9 +154,20 @@ def _hf_layout(ev: Evaluator, cmd: ParsedCommand, gpus: list[GPU]) -> tuple[Any,
                               "visible; the server stops with a world-size error"))
         tp, pp = min(tp, len(gpus)), 1
     stages = [tuple(gpus[i * tp:(i + 1) * tp]) for i in range(pp)]
-    partition = cmd.env.get("VLLM_PP_LAYER_PARTITION")
-    layers = [int(n) for n in partition.split(",")] if partition else even_layers(ev.model.num_layers, pp)
+    layers = _partition(cmd.env.get("VLLM_PP_LAYER_PARTITION"), ev.model.num_layers, pp)
     return make_layout(ev.cluster, cmd.backend, stages, layers), problems
+
+
+def _partition(text: str | None, layers: int, pp: int) -> list[int]:
+    if not text:
+        return even_layers(layers, pp)
+    try:
+        counts = [int(n) for n in text.split(",")]
+    except ValueError as exc:
+        raise PlacementError(f"VLLM_PP_LAYER_PARTITION must list integers, got '{text}'") from exc
+    if len(counts) != pp or sum(counts) != layers:
+        raise PlacementError(f"VLLM_PP_LAYER_PARTITION={text} must give {pp} stages summing to {layers} layers")
+    return counts
 
 
 def _gguf_layout(ev: Evaluator, cmd: ParsedCommand, gpus: list[GPU]) -> Any:
@@ -157,7 +175,7 @@ def _gguf_layout(ev: Evaluator, cmd: ParsedCommand, gpus: list[GPU]) -> Any:
     if cmd.backend == LLAMA_CPP and (cmd.get("--split-mode") or "layer") != "layer":
         return make_layout(ev.cluster, LLAMA_CPP, [tuple(gpus)], [ev.model.num_layers])
     if split:
-        fractions = [float(x) for x in split.replace("/", ",").split(",")]
+        fractions = _fractions(split)
         counts = counts_from_fractions(fractions + [0.0] * (len(gpus) - len(fractions)), ev.model.num_layers)
         return make_layout(ev.cluster, cmd.backend, [(g,) for g in gpus], counts)
     if cmd.backend == OLLAMA and cmd.env.get("OLLAMA_SCHED_SPREAD", "0").lower() not in TRUE:
@@ -165,6 +183,13 @@ def _gguf_layout(ev: Evaluator, cmd: ParsedCommand, gpus: list[GPU]) -> Any:
         if single.feasible:
             return single.layout  # Ollama keeps a model on one GPU when it fits there
     return ev.layer_split(cmd.backend, gpus)
+
+
+def _fractions(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.replace("/", ",").split(",")]
+    except ValueError as exc:
+        raise PlacementError(f"--tensor-split must list numbers, got '{text}'") from exc
 
 
 def _notes(cmd: ParsedCommand, model: ModelSpec) -> list[str]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from placement import Request, check_command, load_cluster, load_model, plan
+from placement import PlacementError, Request, check_command, load_cluster, load_model, plan
 from placement.evaluate import Candidate
 from placement.layout import even_layers
 from placement.memory import kv_bytes_per_token
@@ -210,3 +210,20 @@ def test_it_keeps_every_expert_resident_but_reads_only_active_ones() -> None:
     assert c.memory.weights_gib_max * 2 == pytest.approx(46.7e9 * 2 / 2**30, rel=0.02)
     dense_equivalent = 46.7e9 * 2 / 2 / (3350e9 * 0.62) * 1e3
     assert c.perf.step.stages[0].hbm_ms < dense_equivalent / 2  # top-2 of 8 experts per token
+
+
+def test_it_replicates_the_single_kv_head_of_an_mqa_model(tmp_path: Path) -> None:
+    config = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 1,
+              "intermediate_size": 11008, "vocab_size": 65024, "max_position_embeddings": 8192}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = load_model(str(tmp_path))
+    cluster = one_node("NVIDIA H100 80GB HBM3", 4, 80, "NV18")
+    per_gpu = {tp: kv_bytes_per_token(model, plan(model, cluster, Request(backend="vllm", tp=tp, pp=1)).plans[0].layout,
+                                      0, 2.0) for tp in (1, 4)}
+    assert per_gpu[4] == per_gpu[1] == 2 * 32 * 128 * 2  # every rank keeps the one K/V head
+
+
+def test_it_rejects_a_pipeline_partition_that_does_not_add_up() -> None:
+    with pytest.raises(PlacementError, match="must give 2 stages summing to 64 layers"):
+        check_command(["VLLM_PP_LAYER_PARTITION=30,30", "vllm", "serve", "Qwen3-32B", "--pipeline-parallel-size", "2"],
+                      one_node("NVIDIA A30", 4, 24, "SYS"))
