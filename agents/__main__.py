@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agents.gpus import make_source
 from agents.gpus.base import GpuSourceError
-from agents.runner import Agent, AgentRejected, LogTailer
+from agents.runner import Agent, AgentRejected, LogTailer, default_run_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,6 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="how much to keep while the server is unreachable (default 600)")
     run.add_argument("--log", action="append", default=[], metavar="SOURCE=PATH",
                      help="tail a log file and send its lines under SOURCE (repeatable)")
+    run.add_argument("--model-dir", action="append", default=[], type=Path, metavar="DIR",
+                     help="models may only be launched from under these directories (repeatable)")
+    run.add_argument("--run-dir", type=Path, default=default_run_dir(),
+                     help="where supervised inference servers keep their logs and state "
+                          "(default ~/.local/state/layercake-agent)")
     return parser
 
 
@@ -58,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     except GpuSourceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    agent = Agent(args.server, args.token, source, args.interval, args.buffer_seconds, tailers)
+    agent = Agent(args.server, args.token, source, args.interval, args.buffer_seconds, tailers,
+                  model_dirs=args.model_dir, run_dir=args.run_dir)
     try:
         asyncio.run(agent.run())
     except AgentRejected as exc:

@@ -21,8 +21,10 @@ from pathlib import Path
 import websockets
 
 from agents import __version__, protocol
+from agents.backends import LaunchRefused
 from agents.gpus.base import GpuSource, GpuSourceError
 from agents.ring import Outbox
+from agents.supervisor import Supervisor
 
 log = logging.getLogger("agents")
 CLOSE_UNAUTHORIZED = 4401
@@ -80,12 +82,20 @@ class Agent:
     interval: float = 1.0
     buffer_seconds: float = 600.0
     tailers: list[LogTailer] = field(default_factory=list)
+    model_dirs: list[Path] = field(default_factory=list)
+    run_dir: Path | None = None
     boot_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def __post_init__(self) -> None:
-        self.outbox = Outbox(capacity=max(1, int(self.buffer_seconds / self.interval)) * (1 + len(self.tailers)))
+        # Room for samples, log tails and a few deployments' reports for the whole buffer window.
+        self.outbox = Outbox(capacity=max(1, int(self.buffer_seconds / self.interval)) * (4 + len(self.tailers)))
         self.wake = asyncio.Event()
         self.connected = asyncio.Event()
+        self.supervisor = Supervisor(self.model_dirs, self.run_dir, self.emit_status, self.emit_metrics,
+                                     self.emit_logs) if self.run_dir is not None else None
+        self.commands: set[asyncio.Task] = set()
+        self.launches: dict[str, protocol.Launch] = {}
+        self.generated: dict[str, float] = {}
 
     def ws_url(self) -> str:
         base = self.server.rstrip("/")
@@ -117,15 +127,65 @@ class Agent:
                     protocol.LogTail(type="logs", v=protocol.VERSION, seq=seq, t=now, source=s, lines=c)))
         self.wake.set()
 
+    def emit_status(self, deployment: str, state: str, **fields) -> None:
+        self.reflect_on_simulated_gpus(deployment, state)
+        now, fields = time.time(), {k: v for k, v in fields.items() if v is not None}
+        self.outbox.add(lambda seq: protocol.dump(protocol.DeploymentStatus(
+            type="deployment", v=protocol.VERSION, seq=seq, t=now, deployment=deployment, state=state, **fields)))
+        self.wake.set()
+
+    def emit_metrics(self, deployment: str, counters: protocol.ServerCounters) -> None:
+        self.reflect_generation(deployment, counters.generation_tokens_total)
+        now = time.time()
+        self.outbox.add(lambda seq: protocol.dump(protocol.Metrics(
+            type="metrics", v=protocol.VERSION, seq=seq, t=now, deployment=deployment, counters=counters)))
+        self.wake.set()
+
+    # A simulated node has no real GPUs for the server to fill: show what the real ones would (memory held
+    # by the server's KV pool, utilization while it generates), so downstream sees what it would see.
+    def reflect_on_simulated_gpus(self, deployment: str, state: str) -> None:
+        launch = self.launches.get(deployment)
+        if launch is None or not hasattr(self.source, "set_load"):
+            return
+        totals = {g.index: g.memory_total_mib for g in self.source.inventory()}
+        fraction = launch.options.gpu_memory_utilization or 0.9
+        for index in (i for i in launch.gpus if i in totals):
+            if state in ("stopped", "failed"):
+                self.source.clear_load(index)
+            elif state in ("loading", "ready"):
+                self.source.set_load(index, util=5.0, mem_used_mib=fraction * totals[index])
+
+    def reflect_generation(self, deployment: str, generated: float | None) -> None:
+        launch = self.launches.get(deployment)
+        if launch is None or generated is None or not hasattr(self.source, "set_load"):
+            return
+        moving = generated > self.generated.get(deployment, generated)
+        self.generated[deployment] = generated
+        for index in launch.gpus:
+            self.source.set_load(index, util=88.0 if moving else 0.0)
+
+    def emit_logs(self, source: str, lines: list[str]) -> None:
+        now = time.time()
+        for chunk in _chunks(lines, protocol.MAX_LOG_LINES):
+            self.outbox.add(lambda seq, c=chunk: protocol.dump(protocol.LogTail(
+                type="logs", v=protocol.VERSION, seq=seq, t=now, source=source, lines=c)))
+        self.wake.set()
+
     async def sample_forever(self) -> None:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         while True:
             self.collect()
+            if self.supervisor is not None:
+                await self.supervisor.poll()
             next_at += self.interval
             await asyncio.sleep(max(0.0, next_at - loop.time()))
 
     async def run(self) -> None:
+        if self.supervisor is not None:
+            adopted = await self.supervisor.adopt()
+            if adopted:
+                log.info("re-attached to running inference servers: %s", ", ".join(adopted))
         sampler = asyncio.create_task(self.sample_forever())
         try:
             await self.connect_forever()
@@ -179,10 +239,43 @@ class Agent:
             raise AgentRejected("server closed the connection: token revoked")
 
     def on_server_message(self, message: dict) -> None:
-        if message.get("type") == "ack":
+        kind = message.get("type")
+        if kind == "ack":
             self.outbox.ack(int(message["seq"]))
-        elif message.get("type") == "error":
+        elif kind == "error":
             log.error("server rejected a frame: %s: %s", message.get("code"), message.get("message"))
+        elif kind in ("launch", "stop", "restart"):
+            self.on_command(message)
+
+    def on_command(self, message: dict) -> None:
+        """Validate a server command here too (never trust the wire) and hand it to the supervisor."""
+        try:
+            command = protocol.parse_server_command(json.dumps(message))
+        except protocol.ProtocolError as exc:
+            log.error("refused a command from the server: %s", exc.message)
+            if isinstance(message.get("deployment"), str):
+                self.emit_status_safely(message["deployment"], f"refused: {exc.message}")
+            return
+        if self.supervisor is None:
+            self.emit_status(command.deployment, "failed", detail="this agent runs no inference servers (--run-dir)")
+            return
+        if isinstance(command, protocol.Launch):
+            self.launches[command.deployment] = command
+        task = asyncio.create_task(self.run_command(command))
+        self.commands.add(task)
+        task.add_done_callback(self.commands.discard)
+
+    def emit_status_safely(self, deployment: str, detail: str) -> None:
+        try:
+            self.emit_status(deployment, "failed", detail=detail[:4000])
+        except ValueError:
+            log.error("cannot even report on deployment id %r", deployment[:80])
+
+    async def run_command(self, command) -> None:
+        try:
+            await self.supervisor.handle(command)
+        except LaunchRefused as exc:  # already reported as failed by the supervisor
+            log.error("refused to launch %s: %s", command.deployment, exc)
 
     async def send_forever(self, ws) -> None:
         sent = 0
@@ -192,6 +285,10 @@ class Agent:
                 sent = seq
             self.wake.clear()
             await self.wake.wait()
+
+
+def default_run_dir() -> Path:
+    return Path.home() / ".local" / "state" / "layercake-agent"
 
 
 def _chunks(lines: list[str], size: int) -> list[list[str]]:

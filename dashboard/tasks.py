@@ -60,6 +60,7 @@ def launch_deployment(deployment_id: str) -> str:
 @shared_task(ignore_result=False, acks_late=True)
 def stop_deployment(deployment_id: str) -> str:
     deployment = Deployment.objects.select_related("node").get(pk=deployment_id)
+    deployment.desired = "stopped"
     if deployment.state in (DeploymentState.STOPPED, DeploymentState.FAILED):
         deployment.move_to(DeploymentState.STOPPED, "stopped by the operator")
     else:
@@ -71,6 +72,7 @@ def stop_deployment(deployment_id: str) -> str:
 @shared_task(ignore_result=False, acks_late=True)
 def restart_deployment(deployment_id: str) -> str:
     deployment = Deployment.objects.select_related("node").get(pk=deployment_id)
+    deployment.desired = "running"
     deployment.move_to(DeploymentState.LAUNCHING, "restart sent to the agent", exit_code=None, progress=None)
     send_to_agent(deployment, protocol.dump(protocol.Restart(type="restart", v=1, deployment=deployment.pk)))
     return deployment.state

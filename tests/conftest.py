@@ -82,6 +82,20 @@ def live_stack(server_env: dict[str, str], log_dir: Path) -> Iterator[Stack]:
 
 
 @pytest.fixture
+def celery_worker(server_env, log_dir, settings):
+    """A real Celery worker on the real Redis broker; this test process sends tasks to it."""
+    settings.CELERY_BROKER_URL = settings.CELERY_RESULT_BACKEND = server_env["REDIS_URL"]
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                           "CONFIG": {"hosts": [server_env["REDIS_URL"]]}}}
+    from layercake.celery import app
+
+    app.conf.broker_url = app.conf.result_backend = server_env["REDIS_URL"]
+    worker = stack.celery_worker_service(server_env, log_dir).start()
+    yield app
+    worker.stop()
+
+
+@pytest.fixture
 def browser():
     """Headless Debian Chromium driven by Playwright (no browser download)."""
     if not os.path.exists(CHROMIUM):

@@ -20,8 +20,23 @@ def node_with_token(name: str) -> tuple[Node, str]:
     return node, AgentToken.issue(node)[1]
 
 
-def start_agent(server: str, token: str, spec: str, log_dir: Path, interval: float = 0.5) -> stack.Service:
-    return stack.agent_service(server, token, spec, interval, log_dir / f"agent-{spec.replace(':', '-')}.log").start()
+def start_agent(server: str, token: str, spec: str, log_dir: Path, interval: float = 0.5,
+                run_dir: Path | None = None, model_dirs: tuple[Path, ...] = ()) -> stack.Service:
+    extra = [*(["--run-dir", str(run_dir)] if run_dir else []), *(a for d in model_dirs for a in ("--model-dir", str(d)))]
+    log = log_dir / f"agent-{spec.replace(':', '-').replace(',', '-')}.log"
+    return stack.agent_service(server, token, spec, interval, log, extra).start()
+
+
+def login(client, username: str, password: str) -> None:
+    """Log an httpx client in through the real login form (CSRF and all)."""
+    client.get("/accounts/login/")
+    form = {"username": username, "password": password, "csrfmiddlewaretoken": client.cookies["csrftoken"]}
+    response = client.post("/accounts/login/", data=form)
+    assert response.status_code == 302, response.text[:500]
+
+
+def csrf_post(client, url: str, data: dict | None = None):
+    return client.post(url, data={**(data or {}), "csrfmiddlewaretoken": client.cookies["csrftoken"]})
 
 
 def wait_until(check: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:

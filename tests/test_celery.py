@@ -5,21 +5,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from dashboard import stack
 from dashboard.models import Gpu, GpuSample, Node
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def celery_worker(server_env, log_dir, settings):
-    settings.CELERY_BROKER_URL = settings.CELERY_RESULT_BACKEND = server_env["REDIS_URL"]
-    from layercake.celery import app
-
-    app.conf.broker_url = app.conf.result_backend = server_env["REDIS_URL"]
-    worker = stack.celery_worker_service(server_env, log_dir).start()
-    yield app
-    worker.stop()
 
 
 def test_it_prunes_samples_past_retention_through_a_real_worker(celery_worker):

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from dashboard import stack
+from tests.e2e import login
 
 pytestmark = pytest.mark.slow
 
@@ -26,13 +27,6 @@ def read_until(proc: subprocess.Popen, pattern: str, timeout: float = 90) -> re.
         if not line and proc.poll() is not None:
             break
     raise AssertionError(f"runstack did not print {pattern!r}; it printed:\n{seen}")
-
-
-def login(client: httpx.Client, username: str, password: str) -> None:
-    client.get("/accounts/login/")
-    form = {"username": username, "password": password, "csrfmiddlewaretoken": client.cookies["csrftoken"]}
-    response = client.post("/accounts/login/", data=form)
-    assert response.status_code == 302, response.text[:500]
 
 
 def test_it_runs_the_stack_with_an_embedded_redis_and_a_demo_fleet(tmp_path):

@@ -13,7 +13,7 @@ import random
 import re
 import uuid
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agents.gpus.base import GpuSource, GpuSourceError
@@ -80,6 +80,7 @@ class SimSpec:
     topology_text: str
     topology_source: str  # where the matrix came from, for error messages
     seed: int = DEFAULT_SEED
+    workload: str = "mixed"  # "mixed": other jobs come and go; "idle": a dedicated server with nothing running
 
 
 def make_source(spec: str) -> GpuSource:
@@ -98,12 +99,15 @@ def parse_spec(spec: str) -> SimSpec:
     options = dict(_option(part, spec) for part in parts if "=" in part)
     positional = [part for part in parts if "=" not in part]
     seed = _seed(options.pop("seed", str(DEFAULT_SEED)), spec)
+    workload = options.pop("workload", "mixed")
+    if workload not in ("mixed", "idle"):
+        raise GpuSourceError(f"sim spec {spec!r}: workload must be mixed or idle, got {workload!r}")
     if options:
-        raise GpuSourceError(f"sim spec {spec!r}: unknown option {next(iter(options))!r} (only seed=N)")
+        raise GpuSourceError(f"sim spec {spec!r}: unknown option {next(iter(options))!r} (only seed=N and workload=mixed|idle)")
     if len(positional) == 1:
-        return _preset_spec(positional[0], seed)
+        return replace(_preset_spec(positional[0], seed), workload=workload)
     if len(positional) == 3:
-        return _custom_spec(*positional, seed=seed)
+        return replace(_custom_spec(*positional, seed=seed), workload=workload)
     raise GpuSourceError(
         f"sim spec {spec!r}: expected a preset ({', '.join(PRESETS)}) or MODEL,COUNT,PATH_TO_TOPO_TXT[,seed=N]"
     )
@@ -210,6 +214,7 @@ class SimSource(GpuSource):
                 index=i, model=self.spec.model, uuid=f"GPU-{uuid.UUID(int=ids.getrandbits(128))}",
                 pci_bus_id=f"00000000:{bus:02X}:00.0", numa_node=_single_node(device.numa_affinity),
                 rng=random.Random(f"{self.spec.seed}:{self.spec.model.name}:{self.spec.count}:{i}"),
+                idle=self.spec.workload == "idle",
             )
             for i, (bus, device) in enumerate(zip(bus_numbers, self._topology.gpus, strict=True))
         ]
@@ -253,13 +258,13 @@ class SimulatedGpu:
     """One GPU's state: a mean-reverting random walk with bursts; memory, heat and power follow."""
 
     def __init__(self, index: int, model: GpuModel, uuid: str, pci_bus_id: str, numa_node: int | None,
-                 rng: random.Random) -> None:
+                 rng: random.Random, idle: bool = False) -> None:
         self.index, self.model, self.uuid, self.pci_bus_id, self.numa_node = index, model, uuid, pci_bus_id, numa_node
-        self.rng = rng
-        self.baseline = rng.uniform(5, 70)
+        self.rng, self.idle = rng, idle
+        self.baseline = 0.0 if idle else rng.uniform(5, 70)
         self.util = self.baseline
         self.mem_ratio = rng.uniform(0.3, 0.7)
-        self.mem_target = rng.uniform(0.05, 0.85) * model.memory_mib
+        self.mem_target = IDLE_MEMORY_MIB if idle else rng.uniform(0.05, 0.85) * model.memory_mib
         self.mem_used = self.mem_target
         self.temp = model.temp_c[0] + (model.temp_c[1] - model.temp_c[0]) * self.util / 100
         self.burst = 0
@@ -313,6 +318,9 @@ class SimulatedGpu:
         if self.pinned_util is not None:
             return self.pinned_util
         rng = self.rng
+        if self.idle:  # nothing runs here but what layercake deploys (and pins)
+            self.util = 0.0
+            return self.util
         self.baseline = _clamp(self.baseline + rng.gauss(0, 0.5), 5, 80)
         if self.burst:
             self.burst -= 1
@@ -326,7 +334,7 @@ class SimulatedGpu:
         if self.pinned_mem is not None:
             return self.pinned_mem
         total, rng = self.model.memory_mib, self.rng
-        if rng.random() < JOB_CHANGE_CHANCE:
+        if not self.idle and rng.random() < JOB_CHANGE_CHANCE:
             self.mem_target = rng.uniform(0.05, 0.85) * total
         step = 0.05 * (self.mem_target - self.mem_used) + rng.gauss(0, 0.001 * total)
         self.mem_used = _clamp(self.mem_used + step, IDLE_MEMORY_MIB, total)

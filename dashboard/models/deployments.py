@@ -68,6 +68,8 @@ class Deployment(models.Model):
     pid = models.PositiveIntegerField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     detail = models.TextField(blank=True)
+    # What the operator wants: "running" until they press Stop. Reports that contradict a stop are stale.
+    desired = models.CharField(max_length=10, default="running", editable=False)
     override_busy = models.BooleanField(default=False)
     stall_window_s = models.FloatField(default=60.0)
     last_counters = models.JSONField(null=True, blank=True)
@@ -111,7 +113,7 @@ class Deployment(models.Model):
 
     def apply_status(self, status: protocol.DeploymentStatus) -> None:
         """The agent reported on this deployment's process."""
-        if self.state == DeploymentState.STOPPED and status.state != DeploymentState.STOPPED:
+        if self.desired == "stopped" and status.state not in (DeploymentState.STOPPED, DeploymentState.FAILED):
             return  # a late report from a process the operator already stopped
         fields = {k: getattr(status, k) for k in ("port", "pid", "exit_code", "progress") if getattr(status, k) is not None}
         self.move_to(status.state, status.detail, **fields)

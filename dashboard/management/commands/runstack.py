@@ -19,7 +19,7 @@ from dashboard import stack
 from dashboard.models import AgentToken, Node
 
 DEMO_FLEET = [
-    ("a30-seed", "sim:a30x4"),  # the field report's server: 4x A30, every pair SYS, no P2P
+    ("a30-seed", "sim:a30x4,workload=idle"),  # the field report's server: 4x A30, every pair SYS, no P2P; dedicated
     ("h100-nvlink", "sim:h100x8"),
     ("rtx4090-box", "sim:rtx4090x2"),
 ]
