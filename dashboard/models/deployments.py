@@ -71,7 +71,14 @@ class Deployment(models.Model):
     # What the operator wants: "running" until they press Stop. Reports that contradict a stop are stale.
     desired = models.CharField(max_length=10, default="running", editable=False)
     override_busy = models.BooleanField(default=False)
-    stall_window_s = models.FloatField(default=60.0)
+    stall_window_s = models.FloatField(default=60.0, help_text="requests in flight with no token progress "
+                                       "for this long is a stall")
+    startup_deadline_s = models.FloatField(default=900.0, help_text="launched but not ready after this long "
+                                           "(the clock restarts whenever loading makes progress)")
+    # When the server last showed progress: tokens or steps moved, or nothing was owed (no requests).
+    progress_at = models.DateTimeField(null=True, blank=True)
+    # When startup last showed progress: a state change or a loading-progress step.
+    startup_progress_at = models.DateTimeField(null=True, blank=True)
     last_counters = models.JSONField(null=True, blank=True)
     last_counters_t = models.FloatField(null=True, blank=True)
     tokens_per_s = models.FloatField(null=True, blank=True)
@@ -105,6 +112,7 @@ class Deployment(models.Model):
             setattr(self, name, value)
         if changed:
             self.state, self.state_since = state, timezone.now()
+            self.startup_progress_at = self.state_since
         if detail:
             self.detail = detail
         self.save()
@@ -116,21 +124,36 @@ class Deployment(models.Model):
         if self.desired == "stopped" and status.state not in (DeploymentState.STOPPED, DeploymentState.FAILED):
             return  # a late report from a process the operator already stopped
         fields = {k: getattr(status, k) for k in ("port", "pid", "exit_code", "progress") if getattr(status, k) is not None}
+        if status.progress is not None and status.progress != self.progress:
+            fields["startup_progress_at"] = timezone.now()
         self.move_to(status.state, status.detail, **fields)
 
     def record_metrics(self, t: float, counters: protocol.ServerCounters) -> DeploymentMetric | None:
         """Turn the newest cumulative counters into rates against the previous ones, and keep them."""
         previous, previous_t = self.last_counters, self.last_counters_t
         self.last_counters, self.last_counters_t = counters.model_dump(), t
+        if made_progress(previous, counters):
+            self.progress_at = datetime.fromtimestamp(t, tz=UTC)
         if previous is None or previous_t is None or t <= previous_t:
-            self.save(update_fields=["last_counters", "last_counters_t"])
+            self.save(update_fields=["last_counters", "last_counters_t", "progress_at"])
             return None
         from agents.metrics import rates  # the agent's own counter arithmetic: one implementation
 
         r = rates(protocol.ServerCounters.model_validate(previous), previous_t, counters, t)
         self.tokens_per_s = r.get("generation_tokens_per_s")
-        self.save(update_fields=["last_counters", "last_counters_t", "tokens_per_s"])
+        self.save(update_fields=["last_counters", "last_counters_t", "tokens_per_s", "progress_at"])
         return DeploymentMetric.objects.create(deployment=self, t=datetime.fromtimestamp(t, tz=UTC), **_metric_fields(r, counters))
+
+
+PROGRESS_COUNTERS = ("generation_tokens_total", "prompt_tokens_total", "steps_total", "requests_finished_total")
+
+
+def made_progress(previous: dict | None, counters: protocol.ServerCounters) -> bool:
+    """Did the server move since the previous scrape, or owe nothing (no request running or waiting)?"""
+    owed = (counters.requests_running or 0) + (counters.requests_waiting or 0)
+    if previous is None or owed == 0:
+        return True
+    return any((getattr(counters, k) or 0) != (previous.get(k) or 0) for k in PROGRESS_COUNTERS)
 
 
 def _metric_fields(r: dict[str, Any], counters: protocol.ServerCounters) -> dict[str, Any]:
