@@ -86,3 +86,50 @@ class DeploymentState(ChoiceSet):
     ]
     # The agent should be running a process for these; a reconnecting agent is told to again.
     ACTIVE = (LAUNCHING, LOADING, READY, SERVING)
+
+
+class AlertStatus(ChoiceSet):
+    OPEN = "open"
+    ACKNOWLEDGED = "acknowledged"
+    RESOLVED = "resolved"
+    CHOICES = [
+        (OPEN, "Open", "red"),
+        (ACKNOWLEDGED, "Acknowledged", "orange"),
+        (RESOLVED, "Resolved", "green"),
+    ]
+    UNRESOLVED = (OPEN, ACKNOWLEDGED)
+
+
+class AlertSeverity(ChoiceSet):
+    CRITICAL = "critical"
+    WARNING = "warning"
+    INFO = "info"
+    CHOICES = [
+        (CRITICAL, "Critical", "red"),
+        (WARNING, "Warning", "orange"),
+        (INFO, "Info", "blue"),
+    ]
+
+
+class ChannelKind(ChoiceSet):
+    EMAIL = "email"
+    WEBHOOK = "webhook"
+    CHOICES = [
+        (EMAIL, "E-mail", "gray"),
+        (WEBHOOK, "Webhook", "gray"),
+    ]
+
+
+class NotificationStatus(ChoiceSet):
+    PENDING = "pending"
+    SENDING = "sending"
+    SENT = "sent"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    CHOICES = [
+        (PENDING, "Pending", "gray"),
+        (SENDING, "Sending", "blue"),
+        (SENT, "Sent", "green"),
+        (FAILED, "Failed", "red"),
+        (SKIPPED, "Skipped", "orange"),
+    ]
