@@ -141,6 +141,7 @@ LOGGING = {
 }
 
 CELERY_BEAT_SCHEDULE = {
+    "evaluate-fleet": {"task": "dashboard.tasks.evaluate_fleet", "schedule": AGENT_INTERVAL},
     "announce-silent-nodes": {"task": "dashboard.tasks.announce_silent_nodes", "schedule": AGENT_INTERVAL * 2},
     "prune-old-samples": {"task": "dashboard.tasks.prune_old_samples", "schedule": 3600.0},
 }

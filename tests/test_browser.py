@@ -1,10 +1,14 @@
 """An operator in headless Chromium: log in, open a node, see the topology grid and a live chart."""
 
+import json
+import os
 import signal
 
 import pytest
 
+from dashboard.models import Deployment
 from tests.e2e import node_with_token, start_agent, wait_until
+from tests.test_e2e_deploy import complete
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -55,3 +59,33 @@ def test_it_marks_a_node_stale_when_its_agent_goes_silent(live_stack, alice, bro
     finally:
         agent.proc.send_signal(signal.SIGCONT)
         agent.stop()
+
+
+def test_it_deploys_the_top_plan_from_the_form_and_watches_it_serve(live_stack, alice, browser, log_dir,
+                                                                    celery_worker, tmp_path):
+    node, token = node_with_token("a30-seed")
+    agent = start_agent(live_stack.url, token, "sim:a30x4,workload=idle", log_dir, run_dir=tmp_path / "run")
+    try:
+        wait_until(lambda: node.gpus.count() == 4, what="agent hello")
+        page = browser.new_page()
+        login(page, live_stack.url)
+        page.click("text=Deploy model")
+        page.fill("input[name=model]", "Qwen3-VL-32B-Instruct")
+        page.fill("input[name=max_model_len]", "10000")
+        page.select_option("select[name=node]", "a30-seed")
+        page.click("button[type=submit]")
+        page.wait_for_selector("li.plan", timeout=30000)
+        assert "TP 1 × PP 4" in page.locator("li.plan").first.inner_text()
+        assert page.locator("table.rejected").is_visible()
+        page.locator("li.plan").first.locator("button", has_text="Deploy this plan").click()
+        page.wait_for_selector("#state")
+        page.wait_for_function("document.getElementById('state').textContent === 'Ready'", timeout=60000)
+        deployment = Deployment.objects.get()
+        port = deployment.port
+        complete(port)  # a client outside the browser, as in real life
+        page.wait_for_function("document.getElementById('state').textContent === 'Serving'", timeout=30000)
+        page.screenshot(path=str(log_dir / "deployment-page.png"), full_page=True)
+    finally:
+        agent.stop()
+        for state in (tmp_path / "run").glob("*.json"):
+            os.kill(json.loads(state.read_text())["pid"], signal.SIGKILL)

@@ -2,8 +2,10 @@
 subprocess that launches the inference server (simulated backend, or the real llama.cpp engine)."""
 
 import contextlib
+import importlib.util
 import json
 import os
+import shutil
 import signal
 import time
 import urllib.request
@@ -158,3 +160,24 @@ def test_it_refuses_a_tampered_launch_command_at_the_agent(seed_agent, alice, ta
     wait_until(lambda: state_of(deployment) == "failed", timeout=20, what="refusal")
     assert deployment.detail.startswith("refused:") and deployment.pid is None
     assert not list((tmp_path / "run").glob("*.json"))
+
+
+def test_it_deploys_smollm2_on_the_real_llama_cpp_engine(operator, seed_agent, tmp_path):
+    gguf = smollm2_path()
+    if gguf is None or importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python or the SmolLM2 GGUF is not installed (scripts/install-inference.sh)")
+    model = tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    try:  # a real file inside the model dir: a symlink out of it is refused, as it should be
+        os.link(gguf, model)
+    except OSError:
+        shutil.copyfile(gguf, model)
+    row = plan_through_the_form(operator, model=str(model), backend="llama.cpp", max_model_len=2048)
+    assert row.status == "done", row.error
+    deployment = deploy_plan(operator, row)
+    wait_until(lambda: state_of(deployment) in ("ready", "failed"), timeout=120, what="llama.cpp ready")
+    assert deployment.state == "ready", deployment.detail
+    assert deployment.launch["backend"] == "llama-cpp-python"
+    for _ in range(3):
+        assert complete(deployment.port, "The capital of France is", max_tokens=24)["usage"]["completion_tokens"] > 0
+    wait_until(lambda: state_of(deployment) == "serving" and (deployment.tokens_per_s or 0) > 0, timeout=30,
+               what="tokens/s from the real engine")

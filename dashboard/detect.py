@@ -1,0 +1,248 @@
+"""Hang detection: what is wrong with a deployment or a node right now, judged from what agents sent.
+
+Each rule looks at one deployment or node and returns a `Problem` (or None): a dedupe key, what it is,
+the likely cause, the remedy tied to the plan, and the evidence. `evaluate_fleet` (a Celery beat task)
+opens an alert for every problem found and resolves the ones no longer found. Rules are plain functions
+over the models so that tests can drive them without Celery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from agents.logscan import LogScanner, Verdict
+from dashboard.choices import DeploymentState
+from dashboard.fleet import log_tail
+from dashboard.models import Deployment, GpuSample, Node
+
+LOG_LINES_SCANNED = 400
+XID_QUIET_MINUTES = 30
+
+XID_MEANINGS = {
+    13: ("Graphics engine exception", "usually the application or driver: check the server's log for an illegal access"),
+    31: ("GPU memory page fault", "usually an application bug (illegal address); restart the server"),
+    43: ("GPU stopped processing", "the GPU hung; restart the application, reset the GPU if it recurs"),
+    48: ("Double-bit ECC error", "uncorrectable memory error: drain the node, reset the GPU, replace it if it recurs"),
+    79: ("GPU has fallen off the bus", "the GPU is gone from PCIe: cold reboot the node; check power, riser, seating"),
+    94: ("Contained ECC error", "restart the application that hit it; other processes may keep running"),
+    95: ("Uncontained ECC error", "reset the GPU (all processes on it are affected)"),
+    119: ("GSP RPC timeout", "the GPU firmware stopped answering: reset the GPU or reboot; update the driver"),
+}
+
+
+@dataclass
+class Problem:
+    key: str
+    kind: str
+    title: str
+    cause: str
+    remedy: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    actions: dict[str, Any] = field(default_factory=dict)
+    severity: str = "critical"
+    deployment: Deployment | None = None
+    node: Node | None = None
+
+
+# ---- deployments -----------------------------------------------------------------------------------------
+def deployment_problems(d: Deployment, now: datetime) -> list[Problem]:
+    verdict, lines = scan_logs(d, now)
+    found = [p for p in (stall(d, now, verdict, lines), startup_overdue(d, now, verdict, lines),
+                         crashed(d, verdict, lines)) if p]
+    if not found and verdict.verdict != "healthy" and d.state != DeploymentState.FAILED:
+        found.append(log_signature(d, verdict, lines))
+    for problem in found:
+        problem.deployment, problem.node = d, d.node
+    return found
+
+
+def scan_logs(d: Deployment, now: datetime) -> tuple[Verdict, list[str]]:
+    lines = log_tail(d, LOG_LINES_SCANNED)
+    scanner = LogScanner()
+    scanner.feed(lines)
+    last = d.node.log_chunks.filter(source=d.pk).order_by("-t").values_list("t", flat=True).first()
+    silent_for = (now - last).total_seconds() if last else 0.0
+    return scanner.verdict(silent_for=max(0.0, silent_for)), lines
+
+
+def stall(d: Deployment, now: datetime, verdict: Verdict, lines: list[str]) -> Problem | None:
+    """Requests in flight and no token, step or prompt progress for the stall window."""
+    counters = d.last_counters or {}
+    owed = (counters.get("requests_running") or 0) + (counters.get("requests_waiting") or 0)
+    if d.state not in (DeploymentState.READY, DeploymentState.SERVING) or not owed or d.progress_at is None:
+        return None
+    stuck = (now - d.progress_at).total_seconds()
+    if stuck < d.stall_window_s:
+        return None
+    gpus = gpu_pattern(d, now)
+    cause, remedy, actions = stall_cause(d, gpus)
+    title = f"{d.name} on {d.node.name}: no tokens for {stuck:.0f} s with {owed:.0f} request(s) in flight"
+    evidence = {"series": counter_series(d, now), "log": lines[-40:], "gpus": gpus,
+                "log_findings": findings_json(verdict), "stuck_s": round(stuck)}
+    return Problem(f"stall:{d.pk}", "stall", title, cause, remedy, evidence, actions)
+
+
+def stall_cause(d: Deployment, gpus: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    weak = weak_tp_links(d)
+    spin = " GPU utilization is pinned near 100 % with no tokens: NCCL is spinning in a collective." \
+        if gpus.get("pattern") == "spin" else ""
+    idle = " GPU memory is full and utilization is 0: the GPUs wait on each other or on the host." \
+        if gpus.get("pattern") == "idle-full" else ""
+    if weak:
+        cause = (f"Tensor parallelism (TP={d.plan.get('tp')}) all-reduces twice per layer per token across "
+                 f"{weak}, which has no P2P; NCCL collectives over such links can hang.{spin}{idle}")
+        remedy = ("Restart with NCCL_P2P_DISABLE=1 (and --disable-custom-all-reduce), check ACS/IOMMU on the "
+                  "host, or re-plan without tensor parallelism across these links (pipeline / layer split).")
+        return cause, remedy, {"replan": replan_fields(d, tp=1)}
+    cause = f"The server holds requests but stopped producing tokens.{spin}{idle}"
+    remedy = "Look at the log tail below; restart the deployment. If it recurs, capture py-spy dumps of the workers."
+    return cause, remedy, {}
+
+
+def weak_tp_links(d: Deployment) -> str:
+    """The TP group's GPU pairs that go through the host without P2P, as text ('' when none)."""
+    if (d.plan.get("tp") or 1) < 2:
+        return ""
+    gpus = {f"GPU{i}" for i in d.plan.get("gpus", [])}
+    weak = [f"{x.a}-{x.b} ({x.link}, P2P {x.p2p_read or 'unknown'})" for x in d.node.links.all()
+            if {x.a, x.b} <= gpus and x.link in ("PHB", "NODE", "SYS", "SOC") and x.p2p_read != "OK"]
+    return ", ".join(weak[:6])
+
+
+def replan_fields(d: Deployment, **constraints: Any) -> dict[str, Any]:
+    request = d.plan_request
+    return {"model_ref": request.model_ref if request else d.name, "node": d.node.name,
+            "max_model_len": request.max_model_len if request else d.plan.get("settings", {}).get("max_model_len"),
+            "concurrency": request.concurrency if request else 1, **constraints}
+
+
+def startup_overdue(d: Deployment, now: datetime, verdict: Verdict, lines: list[str]) -> Problem | None:
+    """Launched but not ready within the deadline; loading progress restarts the clock."""
+    if d.state not in (DeploymentState.LAUNCHING, DeploymentState.LOADING):
+        return None
+    since = d.startup_progress_at or d.state_since
+    waited = (now - since).total_seconds()
+    if waited < d.startup_deadline_s:
+        return None
+    phase = verdict.phase if verdict.phase not in ("unknown", "starting") else d.state
+    title = f"{d.name} on {d.node.name}: not ready after {waited:.0f} s, stuck in {phase}"
+    cause, remedy, actions = startup_cause(d, phase)
+    evidence = {"log": lines[-40:], "phase": phase, "log_findings": findings_json(verdict)}
+    return Problem(f"startup:{d.pk}", "startup", title, cause, remedy, evidence, actions)
+
+
+def startup_cause(d: Deployment, phase: str) -> tuple[str, str, dict[str, Any]]:
+    weak = weak_tp_links(d)
+    if phase == "nccl-init" and weak:
+        return (f"NCCL initialisation never finished; the TP group spans {weak} without P2P.",
+                "Restart with NCCL_P2P_DISABLE=1, check ACS/IOMMU, or re-plan without TP across these links.",
+                {"replan": replan_fields(d, tp=1)})
+    if phase == "nccl-init":
+        return ("NCCL initialisation never finished (a rank is missing or a link is blocked).",
+                "Check that every rank started, NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME name the right NIC, "
+                "and run with NCCL_DEBUG=INFO.", {})
+    return (f"The server has been in {phase} longer than its startup deadline ({d.startup_deadline_s:.0f} s) "
+            "without loading progress.", "Check the log tail and the model path/storage speed; restart it.", {})
+
+
+def crashed(d: Deployment, verdict: Verdict, lines: list[str]) -> Problem | None:
+    if d.state != DeploymentState.FAILED or d.desired != "running":
+        return None
+    reason = f"exit code {d.exit_code}" if d.exit_code is not None else "the process is gone"
+    first = verdict.findings[0] if verdict.findings else None
+    cause = first.meaning if first else f"The inference server died ({reason})."
+    remedy = first.advice if first else "Read the last log lines below; fix the cause and press Restart."
+    return Problem(f"crashed:{d.pk}", "crashed", f"{d.name} on {d.node.name} failed ({reason})", cause, remedy,
+                   {"log": lines[-40:], "log_findings": findings_json(verdict), "exit_code": d.exit_code})
+
+
+def log_signature(d: Deployment, verdict: Verdict, lines: list[str]) -> Problem:
+    first = verdict.findings[0]
+    title = f"{d.name} on {d.node.name}: log says {verdict.verdict} ({first.signature})"
+    return Problem(f"log:{d.pk}", "log", title, first.meaning, first.advice,
+                   {"log": lines[-40:], "log_findings": findings_json(verdict), "phase": verdict.phase})
+
+
+def findings_json(verdict: Verdict) -> list[dict[str, Any]]:
+    return [{"signature": f.signature, "line": f.line, "text": f.text, "meaning": f.meaning, "advice": f.advice}
+            for f in verdict.findings[:10]]
+
+
+def counter_series(d: Deployment, now: datetime, minutes: int = 10) -> dict[str, list]:
+    rows = d.metrics.filter(t__gte=now - timedelta(minutes=minutes)).order_by("t")
+    series: dict[str, list] = {"t": [], "generation_tokens_total": [], "requests_running": []}
+    for m in rows:
+        series["t"].append(m.t.timestamp())
+        series["generation_tokens_total"].append(m.generation_tokens_total)
+        series["requests_running"].append(m.requests_running)
+    return series
+
+
+def gpu_pattern(d: Deployment, now: datetime, seconds: float = 30) -> dict[str, Any]:
+    """Mean utilization and memory use of the deployment's GPUs over the last seconds, and their pattern."""
+    rows = GpuSample.objects.filter(gpu__node=d.node, gpu__index__in=d.plan.get("gpus", []),
+                                    t__gte=now - timedelta(seconds=seconds))
+    values = list(rows.values_list("util_gpu", "mem_used_mib", "mem_free_mib"))
+    if not values:
+        return {"pattern": "unknown"}
+    util = sum(v[0] for v in values) / len(values)
+    mem = sum(v[1] / max(1.0, v[1] + v[2]) for v in values) / len(values)
+    pattern = "spin" if util >= 95 else "idle-full" if util <= 5 and mem >= 0.8 else "other"
+    return {"pattern": pattern, "util_mean": round(util, 1), "memory_used_fraction": round(mem, 3)}
+
+
+# ---- nodes --------------------------------------------------------------------------------------------------
+def node_problems(node: Node, now: datetime) -> list[Problem]:
+    found = [p for p in (node_lost(node, now), *xid_problems(node, now)) if p]
+    for problem in found:
+        problem.node = node
+    return found
+
+
+def node_lost(node: Node, now: datetime) -> Problem | None:
+    if node.last_seen is None or now - node.last_seen <= node.stale_after():
+        return None
+    silent = (now - node.last_seen).total_seconds()
+    running = node.deployments.filter(state__in=DeploymentState.ACTIVE).count()
+    return Problem(f"node-lost:{node.pk}", "node-lost", f"{node.name}: no agent message for {silent:.0f} s",
+                   "The agent stopped reporting: the node, its network or the agent process is down."
+                   + (f" {running} deployment(s) run there." if running else ""),
+                   "Check that the host is up and `python -m agents run` is running; look at the agent's log.",
+                   {"last_seen": node.last_seen.isoformat(), "deployments": running})
+
+
+def xid_problems(node: Node, now: datetime) -> list[Problem]:
+    since = now - timedelta(minutes=XID_QUIET_MINUTES)
+    seen: dict[tuple[int, int], datetime] = {}
+    rows = GpuSample.objects.filter(gpu__node=node, t__gte=since).exclude(xids=[])
+    for index, t, xids in rows.values_list("gpu__index", "t", "xids"):
+        for code in xids:
+            seen[(index, code)] = max(seen.get((index, code), t), t)
+    return [xid_problem(node, index, code, t) for (index, code), t in sorted(seen.items())]
+
+
+def xid_problem(node: Node, index: int, code: int, t: datetime) -> Problem:
+    meaning, remedy = XID_MEANINGS.get(code, ("NVIDIA driver error", "look the code up in NVIDIA's XID catalog"))
+    return Problem(f"xid:{node.pk}:{index}:{code}", "xid", f"{node.name} GPU{index}: XID {code} ({meaning})",
+                   f"The driver reported XID {code}: {meaning}.", remedy[0].upper() + remedy[1:] + ".",
+                   {"gpu": index, "xid": code, "last_seen": t.isoformat()},
+                   severity="critical" if code in (48, 79, 95, 119) else "warning")
+
+
+def fleet_problems(now: datetime | None = None) -> tuple[list[Problem], set[str]]:
+    """Every problem in the fleet now, and the key prefixes that were judged (to resolve the rest)."""
+    now = now or timezone.now()
+    problems: list[Problem] = []
+    judged: set[str] = set()
+    for d in Deployment.objects.select_related("node", "plan_request").exclude(state=DeploymentState.STOPPED):
+        problems += deployment_problems(d, now)
+        judged |= {f"{kind}:{d.pk}" for kind in ("stall", "startup", "crashed", "log")}
+    for node in Node.objects.filter(last_seen__isnull=False):
+        problems += node_problems(node, now)
+        judged.add(f"node-lost:{node.pk}")
+        judged.add(f"xid:{node.pk}:")
+    return problems, judged
