@@ -1,7 +1,8 @@
-"""Fleet models (nodes, tokens, GPUs, links, samples) and deployment models."""
+"""Fleet models (nodes, tokens, GPUs, links, samples), deployment models and alert models."""
 
+from dashboard.models.alerts import Alert, AlertEvent, Channel, Notification
 from dashboard.models.deployments import Deployment, DeploymentEvent, DeploymentMetric, PlanRequest
 from dashboard.models.fleet import AgentToken, Gpu, GpuSample, Link, LogChunk, Node
 
-__all__ = ["AgentToken", "Deployment", "DeploymentEvent", "DeploymentMetric", "Gpu", "GpuSample", "Link",
-           "LogChunk", "Node", "PlanRequest"]
+__all__ = ["AgentToken", "Alert", "AlertEvent", "Channel", "Deployment", "DeploymentEvent", "DeploymentMetric", "Gpu",
+           "GpuSample", "Link", "LogChunk", "Node", "Notification", "PlanRequest"]
