@@ -97,7 +97,10 @@ def start_demo_agents(server: str, log_dir: Path) -> list[stack.Service]:
         node, _ = Node.objects.get_or_create(name=name)
         node.tokens.filter(revoked=None).update(revoked=timezone.now())
         _, token = AgentToken.issue(node)
-        agent = stack.agent_service(server, token, spec, settings.AGENT_INTERVAL, log_dir / f"agent-{name}.log")
+        run_dir = Path(settings.BASE_DIR) / "var" / "agents" / name  # one per agent: servers are adopted by dir
+        extra = ["--run-dir", str(run_dir), "--model-dir", str(Path(settings.BASE_DIR) / "var" / "models")]
+        agent = stack.agent_service(server, token, spec, settings.AGENT_INTERVAL, log_dir / f"agent-{name}.log",
+                                    extra)
         services.append(agent.start())
     return services
 
