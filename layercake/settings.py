@@ -9,6 +9,8 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# Everything the run command writes (logs, the admin login, agents' run dirs, demo models).
+VAR_DIR = Path(os.environ.get("LAYERCAKE_VAR", BASE_DIR / "var"))
 
 
 def envbool(name: str, default: str) -> bool:

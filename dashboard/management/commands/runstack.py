@@ -33,10 +33,10 @@ class Command(BaseCommand):
         parser.add_argument("--no-demo", action="store_true", help="start no simulated agents")
 
     def handle(self, port: int, no_demo: bool, **options):
-        log_dir = Path(settings.BASE_DIR) / "var" / "log"
+        log_dir = settings.VAR_DIR / "log"
         log_dir.mkdir(parents=True, exist_ok=True)
         call_command("migrate", verbosity=0)
-        username, password = ensure_admin(Path(settings.BASE_DIR) / "var" / "admin-login.txt")
+        username, password = ensure_admin(settings.VAR_DIR / "admin-login.txt")
         services, env = self.start_redis(log_dir)
         services += self.start_server(port, env, log_dir)
         if not no_demo:
@@ -97,8 +97,8 @@ def start_demo_agents(server: str, log_dir: Path) -> list[stack.Service]:
         node, _ = Node.objects.get_or_create(name=name)
         node.tokens.filter(revoked=None).update(revoked=timezone.now())
         _, token = AgentToken.issue(node)
-        run_dir = Path(settings.BASE_DIR) / "var" / "agents" / name  # one per agent: servers are adopted by dir
-        extra = ["--run-dir", str(run_dir), "--model-dir", str(Path(settings.BASE_DIR) / "var" / "models")]
+        run_dir = settings.VAR_DIR / "agents" / name  # one per agent: an agent adopts the servers in its dir
+        extra = ["--run-dir", str(run_dir), "--model-dir", str(settings.VAR_DIR / "models")]
         agent = stack.agent_service(server, token, spec, settings.AGENT_INTERVAL, log_dir / f"agent-{name}.log",
                                     extra)
         services.append(agent.start())
