@@ -113,3 +113,11 @@ def _resolution(alert, found: set[str], judged: set[str]) -> str | None:
     if alert.key in judged or any(alert.key.startswith(j) for j in judged if j.endswith(":")):
         return "the condition cleared"
     return None
+
+
+@shared_task(ignore_result=False)
+def deliver_notifications() -> int:
+    """Send the due alert notifications; any number of workers may run this at once (rows are claimed)."""
+    from dashboard import alerts
+
+    return alerts.deliver_pending()

@@ -70,6 +70,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "dashboard.context_processors.alert_banner",
             ],
         },
     },
@@ -134,6 +135,11 @@ EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.smtp.
 EMAIL_HOST = os.environ.get("EMAIL_HOST", "127.0.0.1")
 EMAIL_PORT = int(envfloat("EMAIL_PORT", "25"))
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "layercake@localhost")
+# Alert mails: at most ALERT_MAIL_LIMIT per operator channel within ALERT_MAIL_WINDOW_S; the rest are
+# recorded as skipped and summarised in the next mail.
+ALERT_MAIL_LIMIT = int(envfloat("ALERT_MAIL_LIMIT", "10"))
+ALERT_MAIL_WINDOW_S = envfloat("ALERT_MAIL_WINDOW_S", "600")
+ALERT_SMTP_TIMEOUT_S = envfloat("ALERT_SMTP_TIMEOUT_S", "15")
 
 LOGGING = {
     "version": 1,
@@ -146,4 +152,6 @@ CELERY_BEAT_SCHEDULE = {
     "evaluate-fleet": {"task": "dashboard.tasks.evaluate_fleet", "schedule": AGENT_INTERVAL},
     "announce-silent-nodes": {"task": "dashboard.tasks.announce_silent_nodes", "schedule": AGENT_INTERVAL * 2},
     "prune-old-samples": {"task": "dashboard.tasks.prune_old_samples", "schedule": 3600.0},
+    # Catches retries that came due and deliveries whose queued task was lost.
+    "deliver-notifications": {"task": "dashboard.tasks.deliver_notifications", "schedule": 30.0},
 }

@@ -74,7 +74,8 @@ class Alert(models.Model):
         return self.status in AlertStatus.UNRESOLVED
 
     def log_lines(self) -> list[str]:
-        return [str(line) for line in (self.evidence or {}).get("log_lines", [])]
+        """evidence["log"]: the log lines around the onset, as the rule passed them."""
+        return [str(line) for line in (self.evidence or {}).get("log", [])]
 
     def replan_fields(self) -> dict[str, Any] | None:
         return (self.actions or {}).get("replan")

@@ -1,0 +1,201 @@
+"""Alerts API for the detection rules, and notification delivery.
+
+The rules call `raise_alert` every time they see a problem and `resolve_alert` when it is over; both are
+idempotent per key, so a rule needs no memory of its own. Every state change writes an AlertEvent, queues
+one Notification row per subscribed channel, and tells the browsers. Delivery claims those rows one at a
+time, so any number of Celery workers can run it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
+
+from dashboard.choices import AlertSeverity, AlertStatus, NotificationStatus
+from dashboard.forms import DeployForm
+from dashboard.live import FLEET_GROUP
+from dashboard.models import Alert, AlertEvent, Channel, Deployment, Node, Notification, PlanRequest
+from dashboard.transports import TransportError, transport_for
+
+log = logging.getLogger(__name__)
+# A transient failure is tried again later as a new Notification row: attempt 2 after 1 minute, 3 after 5.
+RETRY_DELAYS = (timedelta(minutes=1), timedelta(minutes=5))
+CONTENT_FIELDS = ("kind", "severity", "title", "cause", "remedy", "evidence", "actions", "deployment", "node")
+
+
+def raise_alert(*, key: str, kind: str, title: str, cause: str, remedy: str,
+                severity: str = AlertSeverity.CRITICAL, evidence: dict[str, Any] | None = None,
+                actions: dict[str, Any] | None = None, deployment: Deployment | None = None,
+                node: Node | None = None) -> Alert:
+    """Open the alert for `key`, or refresh the unresolved one (evidence and text; no event, no mail)."""
+    content = {"kind": kind, "severity": severity, "title": title, "cause": cause, "remedy": remedy,
+               "evidence": evidence or {}, "actions": actions or {}, "deployment": deployment, "node": node}
+    check_alert_input(key, content)
+    existing = Alert.objects.unresolved().filter(key=key).first()
+    if existing is not None:
+        return refresh(existing, content)
+    try:
+        with transaction.atomic():
+            alert = Alert.objects.create(key=key, **content)
+            event = alert.events.create(old_status="", new_status=AlertStatus.OPEN, reason=title)
+            changed(alert, event)
+    except IntegrityError:  # another worker opened this key between our lookup and our insert
+        return refresh(Alert.objects.unresolved().get(key=key), content)
+    return alert
+
+
+def resolve_alert(key: str, reason: str) -> Alert | None:
+    """Resolve the unresolved alert for `key`; None if there is none (already resolved or never raised)."""
+    alert = Alert.objects.unresolved().filter(key=key).first()
+    if alert is None:
+        return None
+    with transaction.atomic():
+        event = alert.move_to(AlertStatus.RESOLVED, reason, resolved=timezone.now())
+        if event is not None:
+            changed(alert, event)
+    return alert if alert.status == AlertStatus.RESOLVED else None
+
+
+def open_alerts(kind: str | None = None) -> QuerySet[Alert]:
+    """Alerts not resolved yet (open or acknowledged), newest first; only those of `kind` if given."""
+    alerts = Alert.objects.unresolved().select_related("deployment", "node")
+    return alerts.filter(kind=kind) if kind else alerts
+
+
+def acknowledge(alert: Alert, user: Any) -> AlertEvent | None:
+    """An operator is on it: the alert stays until resolved but stops asking. None if it was not open."""
+    with transaction.atomic():
+        event = alert.move_to(AlertStatus.ACKNOWLEDGED, f"acknowledged by {user.get_username()}",
+                              acknowledged=timezone.now(), acknowledged_by=user)
+        if event is not None:
+            changed(alert, event)
+    return event
+
+
+def replan(alert: Alert, user: Any) -> PlanRequest:
+    """Turn the alert's re-plan suggestion into a plan request, checked like the deploy form checks one."""
+    fields = alert.replan_fields()
+    if not fields:
+        raise ValueError(f"alert {alert.pk} offers no re-plan")
+    form = DeployForm(data={"model": fields.get("model_ref", ""), "max_model_len": fields.get("max_model_len"),
+                            "concurrency": fields.get("concurrency", 1), "node": fields.get("node") or "",
+                            "backend": fields.get("backend") or "", "gpus": fields.get("gpus") or ""})
+    if not form.is_valid():
+        problems = "; ".join(f"{name}: {' '.join(errors)}" for name, errors in form.errors.items())
+        raise ValueError(f"the re-plan suggestion of alert {alert.pk} is not a valid request: {problems}")
+    d = form.cleaned_data
+    return PlanRequest.objects.create(created_by=user, model_ref=d["model"], max_model_len=d["max_model_len"],
+                                      concurrency=d["concurrency"], node=d["node"], backend=d["backend"],
+                                      gpus=d["gpus"])
+
+
+def check_alert_input(key: str, content: dict[str, Any]) -> None:
+    if not key or len(key) > 200:
+        raise ValueError(f"alert key must be 1-200 characters, not {key!r}")
+    for name in ("kind", "title", "cause", "remedy"):
+        if not isinstance(content[name], str) or not content[name].strip():
+            raise ValueError(f"alert {key}: {name} must be a non-empty string, not {content[name]!r}")
+    if content["severity"] not in dict(AlertSeverity.choices()):
+        raise ValueError(f"alert {key}: severity {content['severity']!r} is not one of {list(dict(AlertSeverity.choices()))}")
+    for name in ("evidence", "actions"):
+        if not isinstance(content[name], dict):
+            raise ValueError(f"alert {key}: {name} must be a dict, not {type(content[name]).__name__}")
+        try:
+            json.dumps(content[name])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"alert {key}: {name} must be plain JSON: {exc}") from None
+
+
+def refresh(alert: Alert, content: dict[str, Any]) -> Alert:
+    """The rule still sees the problem: keep its latest evidence and wording, leave status and history alone."""
+    now = timezone.now()
+    Alert.objects.filter(pk=alert.pk).update(refreshed=now, **content)
+    for name, value in content.items():
+        setattr(alert, name, value)
+    alert.refreshed = now
+    return alert
+
+
+def changed(alert: Alert, event: AlertEvent) -> None:
+    """After a state change: queue the notifications, then (once committed) deliver and tell the browsers."""
+    queue_notifications(alert, event)
+    summary = alert.summary()
+    transaction.on_commit(queue_delivery)
+    transaction.on_commit(lambda: announce(summary))
+
+
+def queue_notifications(alert: Alert, event: AlertEvent) -> list[Notification]:
+    Channel.ensure_operator_emails()
+    rows = [Notification(alert=alert, event=event, channel=channel) for channel in Channel.subscribed()
+            if not transport_for(channel).is_noop(event)]
+    return Notification.objects.bulk_create(rows)
+
+
+def queue_delivery() -> None:
+    from dashboard.tasks import deliver_notifications
+
+    try:
+        deliver_notifications.delay()
+    except (OperationalError, OSError) as exc:  # the beat sweep delivers the rows once the broker is back
+        log.warning("could not queue alert delivery: %s", exc)
+
+
+def announce(summary: dict[str, Any]) -> None:
+    """Browsers update the banner and the alert pages without a reload (fleet.alert over /ws/fleet/)."""
+    try:
+        async_to_sync(get_channel_layer().group_send)(FLEET_GROUP, {"type": "fleet.alert", "alert": summary})
+    except (RedisError, OSError) as exc:
+        log.warning("could not announce alert %s: %s", summary["id"], exc)
+
+
+def deliver_pending(limit: int = 100) -> int:
+    """Deliver due notifications one claimed row at a time; return how many rows this worker handled."""
+    handled = 0
+    while handled < limit and (notification := Notification.claim_next()) is not None:
+        deliver(notification)
+        handled += 1
+    return handled
+
+
+def deliver(notification: Notification) -> None:
+    channel, transport = notification.channel, transport_for(notification.channel)
+    reason = skip_reason(notification) or transport.rate_limit_reason()
+    if reason:
+        notification.finish(NotificationStatus.SKIPPED, reason)
+        return
+    started = time.monotonic()
+    try:
+        transport.notify(notification.alert, notification.event)
+    except TransportError as exc:
+        failed(notification, exc, time.monotonic() - started)
+        return
+    notification.finish(NotificationStatus.SENT, duration=time.monotonic() - started)
+    channel.record_outcome()
+
+
+def skip_reason(notification: Notification) -> str:
+    if not notification.channel.enabled:
+        return f"channel disabled: {notification.channel.disabled_reason}"
+    if notification.attempt > 1 and notification.alert.status != notification.event.new_status:
+        return f"superseded: the alert is {notification.alert.status} now"  # a late retry would mislead
+    return ""
+
+
+def failed(notification: Notification, exc: TransportError, duration: float) -> None:
+    notification.finish(NotificationStatus.FAILED, exc.message, duration)
+    notification.channel.record_outcome(exc.message)
+    if exc.permanent:
+        notification.channel.disable(f"{exc.message} (permanent error on {timezone.now():%Y-%m-%d %H:%M} UTC)")
+    elif notification.attempt <= len(RETRY_DELAYS):
+        notification.retry_later(RETRY_DELAYS[notification.attempt - 1])

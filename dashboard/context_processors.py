@@ -1,0 +1,24 @@
+"""Template context for every page: the alert banner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest
+
+from dashboard.models import Alert
+
+BANNER_LIMIT = 5
+
+
+def alert_banner(request: HttpRequest) -> dict[str, Any]:
+    """Unresolved alerts for the banner on every page (logged-in users only); the JS keeps it current."""
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return {}
+    return banner_context()
+
+
+def banner_context() -> dict[str, Any]:
+    alerts = Alert.objects.unresolved().select_related("node", "deployment")
+    return {"banner_alerts": list(alerts[:BANNER_LIMIT]), "banner_alert_count": alerts.count()}
