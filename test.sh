@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 scripts/setup.sh requirements-dev.txt
+scripts/install-inference.sh   # the real llama.cpp engine and a 98 MB GGUF for the inference tests (built once)
 if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   echo "installing Debian's chromium for the browser tests…"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
