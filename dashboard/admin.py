@@ -2,6 +2,9 @@ from django.contrib import admin, messages
 
 from dashboard.models import (
     AgentToken,
+    Alert,
+    AlertEvent,
+    Channel,
     Deployment,
     DeploymentEvent,
     DeploymentMetric,
@@ -10,6 +13,7 @@ from dashboard.models import (
     Link,
     LogChunk,
     Node,
+    Notification,
     PlanRequest,
 )
 
@@ -104,3 +108,29 @@ class DeploymentEventAdmin(admin.ModelAdmin):
 class DeploymentMetricAdmin(admin.ModelAdmin):
     list_display = ("deployment", "t", "generation_tokens_per_s", "requests_running", "requests_waiting")
     list_filter = ("deployment",)
+
+
+class AlertEventInline(admin.TabularInline):
+    model = AlertEvent
+    extra = 0
+    readonly_fields = ("t", "old_status", "new_status", "reason")
+
+
+@admin.register(Alert)
+class AlertAdmin(admin.ModelAdmin):
+    list_display = ("pk", "title", "kind", "severity", "status", "opened", "resolved")
+    list_filter = ("status", "kind", "severity")
+    search_fields = ("key", "title")
+    inlines = [AlertEventInline]
+
+
+@admin.register(Channel)
+class ChannelAdmin(admin.ModelAdmin):
+    list_display = ("owner", "kind", "value", "enabled", "disabled_reason", "last_notify", "last_error")
+    list_filter = ("kind", "enabled")
+
+
+@admin.register(Notification)
+class NotificationAdmin(admin.ModelAdmin):
+    list_display = ("created", "alert", "channel", "status", "attempt", "duration", "error")
+    list_filter = ("status", "channel__kind")

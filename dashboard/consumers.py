@@ -138,3 +138,6 @@ class FleetConsumer(AsyncWebsocketConsumer):
 
     async def fleet_plan(self, event: dict) -> None:
         await self.send(json.dumps(event))
+
+    async def fleet_alert(self, event: dict) -> None:
+        await self.send(json.dumps(event))

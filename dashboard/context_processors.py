@@ -20,5 +20,6 @@ def alert_banner(request: HttpRequest) -> dict[str, Any]:
 
 
 def banner_context() -> dict[str, Any]:
-    alerts = Alert.objects.unresolved().select_related("node", "deployment")
-    return {"banner_alerts": list(alerts[:BANNER_LIMIT]), "banner_alert_count": alerts.count()}
+    alerts = Alert.objects.unresolved().select_related("acknowledged_by")
+    shown, count = list(alerts[:BANNER_LIMIT]), alerts.count()
+    return {"banner_alerts": shown, "banner_alert_count": count, "banner_more": count - len(shown)}

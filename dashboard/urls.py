@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dashboard import views
+from dashboard import alert_views, views
 
 urlpatterns = [
     path("", views.fleet_page, name="fleet"),
@@ -12,4 +12,10 @@ urlpatterns = [
     path("deployments/", views.deployments_page, name="deployments"),
     path("deployments/<str:pk>/", views.deployment_page, name="deployment"),
     path("deployments/<str:pk>/<str:action>/", views.deployment_action, name="deployment-action"),
+    path("alerts/", alert_views.alerts_page, name="alerts"),
+    path("alerts/banner/", alert_views.alert_banner, name="alert-banner"),
+    path("alerts/settings/", alert_views.alert_settings, name="alert-settings"),
+    path("alerts/<int:pk>/", alert_views.alert_page, name="alert"),
+    path("alerts/<int:pk>/acknowledge/", alert_views.alert_acknowledge, name="alert-acknowledge"),
+    path("alerts/<int:pk>/replan/", alert_views.alert_replan, name="alert-replan"),
 ]

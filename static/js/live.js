@@ -1,7 +1,8 @@
 // The browser's live feed: one websocket to /ws/fleet/, reconnecting with backoff, and the stale timer.
 "use strict";
-const Live = (() => {
-  const handlers = { update: [], node: [], plan: [], open: [] };
+// `var` and the guard: base.html loads this on every page and some pages load it again; one socket.
+var Live = window.Live || (() => {
+  const handlers = { update: [], node: [], plan: [], alert: [], open: [] };
   const lastSeen = new Map(); // node id -> browser clock ms of its last update
   const STALE_INTERVALS = 3;
   let retry = 500;
@@ -33,6 +34,8 @@ const Live = (() => {
       handlers.node.forEach((h) => h(msg));
     } else if (msg.type === "fleet.plan") {
       handlers.plan.forEach((h) => h(msg));
+    } else if (msg.type === "fleet.alert") {
+      handlers.alert.forEach((h) => h(msg));
     }
   }
 
@@ -64,6 +67,7 @@ const Live = (() => {
     onUpdate: (h) => handlers.update.push(h),
     onNode: (h) => handlers.node.push(h),
     onPlan: (h) => handlers.plan.push(h),
+    onAlert: (h) => handlers.alert.push(h),
     onOpen: (h) => handlers.open.push(h),
   };
 })();
