@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django import forms
@@ -50,8 +51,9 @@ def alert_page(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "dashboard/alert.html", context)
 
 
-def evidence_facts(evidence: dict[str, Any]) -> list[tuple[str, Any]]:
-    return [(name.replace("_", " "), value) for name, value in evidence.items() if name not in DRAWN_EVIDENCE]
+def evidence_facts(evidence: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(name.replace("_", " "), value if isinstance(value, str) else json.dumps(value))
+            for name, value in evidence.items() if name not in DRAWN_EVIDENCE]
 
 
 @login_required

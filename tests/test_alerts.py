@@ -328,12 +328,12 @@ def test_it_lists_open_acknowledged_and_resolved_alerts(client, alice):
 
 def test_it_shows_cause_remedy_evidence_and_history_on_the_detail_page(client, alice):
     alert = stall(evidence={"log": ["NCCL WARN timeout"], "series": {"t": [1.0], "requests_running": [2]},
-                            "stuck_s": 75})
+                            "stuck_s": 75, "gpus": {"pattern": "spin"}})
     alerts.acknowledge(alert, alice)
     client.force_login(alice)
     html = client.get(f"/alerts/{alert.pk}/").content.decode()
     for text in (alert.cause, alert.remedy, "NCCL WARN timeout", 'id="evidence-series"', "evidence-chart",
-                 "stuck s", "acknowledged by alice", "alert_chart.js"):
+                 "stuck s", "{&quot;pattern&quot;: &quot;spin&quot;}", "acknowledged by alice", "alert_chart.js"):
         assert text in html
     assert 'id="acknowledge"' not in html and 'id="replan"' not in html
 
