@@ -13,12 +13,11 @@ from channels.layers import get_channel_layer
 from django.core import mail
 from django.utils import timezone
 
-from dashboard import alerts, deploy
+from dashboard import alerts, deploy, tasks
 from dashboard.choices import AlertStatus, ChannelKind, NotificationStatus, PlanStatus
 from dashboard.live import FLEET_GROUP
 from dashboard.models import Alert, Channel, Notification, PlanRequest
 from dashboard.transports import WebhookTransport
-from layercake.celery import app as celery_app
 from tests.personas import seed_server
 from tests.smtp import smtp_server
 
@@ -360,7 +359,9 @@ def test_it_acknowledges_from_the_detail_page(client, alice):
 
 def test_it_replans_from_the_alerts_suggestion(client, alice, monkeypatch):
     seed_server()
-    monkeypatch.setitem(celery_app.conf, "task_always_eager", True)
+    # Not task_always_eager: Celery binds its producer pool to the default broker even for eager calls.
+    queued = []
+    monkeypatch.setattr(tasks.plan_request, "delay", queued.append)
     suggestion = {"model_ref": "Qwen3-VL-32B-Instruct", "max_model_len": 10000, "concurrency": 2,
                   "node": "a30-seed", "backend": "vllm"}
     alert = stall(actions={"replan": suggestion})
@@ -371,7 +372,8 @@ def test_it_replans_from_the_alerts_suggestion(client, alice, monkeypatch):
     assert response.status_code == 302 and response.url == f"/deploy/plans/{row.pk}/"
     assert (row.model_ref, row.max_model_len, row.concurrency, row.node.name, row.backend) == (
         "Qwen3-VL-32B-Instruct", 10000, 2, "a30-seed", "vllm")
-    assert row.status == PlanStatus.DONE and row.created_by == alice
+    assert queued == [row.pk] and row.created_by == alice
+    assert tasks.plan_request(row.pk) == PlanStatus.DONE
 
 
 def test_it_explains_a_replan_suggestion_it_cannot_use(client, alice):
