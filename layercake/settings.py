@@ -94,12 +94,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-CHANNEL_LAYERS = {
-    "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "capacity": 2000, "expiry": 30},
-    }
-}
+
+
+def channel_layers(redis_url: str) -> dict:
+    # redis-py 8 times out socket reads after 5 s by default, exactly channels_redis's blocking-pop timeout:
+    # idle consumers then crash with "Timeout reading from". Reads get a longer timeout than the pop.
+    host = {"address": redis_url, "socket_timeout": 15}
+    return {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                        "CONFIG": {"hosts": [host], "capacity": 2000, "expiry": 30}}}
+
+
+CHANNEL_LAYERS = channel_layers(REDIS_URL)
 
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL

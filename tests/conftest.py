@@ -15,6 +15,7 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync 
 from django.db import connection
 
 from dashboard import stack
+from layercake.settings import channel_layers
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -81,15 +82,25 @@ def live_stack(server_env: dict[str, str], log_dir: Path) -> Iterator[Stack]:
     running.stop_server()
 
 
+def point_celery_at(redis_url: str, settings) -> None:
+    """Send this test process's tasks and channel-layer messages to the test's Redis. Celery keeps the
+    connection pool of the first broker it used, so the pools are dropped too."""
+    settings.CELERY_BROKER_URL = settings.CELERY_RESULT_BACKEND = redis_url
+    settings.CHANNEL_LAYERS = channel_layers(redis_url)
+    from layercake.celery import app
+
+    app.conf.broker_url = app.conf.result_backend = redis_url
+    app._pool = None  # the old pool may still be referenced by a producer; let it be collected
+    app.amqp._producer_pool = None
+    app._local.__dict__.pop("backend", None)  # rebuilt from the new result_backend on next use
+
+
 @pytest.fixture
 def celery_worker(server_env, log_dir, settings):
     """A real Celery worker on the real Redis broker; this test process sends tasks to it."""
-    settings.CELERY_BROKER_URL = settings.CELERY_RESULT_BACKEND = server_env["REDIS_URL"]
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                                           "CONFIG": {"hosts": [server_env["REDIS_URL"]]}}}
+    point_celery_at(server_env["REDIS_URL"], settings)
     from layercake.celery import app
 
-    app.conf.broker_url = app.conf.result_backend = server_env["REDIS_URL"]
     worker = stack.celery_worker_service(server_env, log_dir).start()
     yield app
     worker.stop()

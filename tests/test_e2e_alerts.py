@@ -10,11 +10,12 @@ import time
 import urllib.request
 
 import pytest
-from aiosmtpd.controller import Controller
 
 from dashboard import stack
 from dashboard.models import Alert, Deployment
+from tests.conftest import point_celery_at
 from tests.e2e import node_with_token, start_agent, wait_until
+from tests.smtp import smtp_server
 from tests.test_e2e_deploy import (
     complete,
     deploy_plan,
@@ -29,26 +30,10 @@ INTERVAL = 0.5
 STALL_WINDOW = 5.0
 
 
-class Inbox:
-    def __init__(self) -> None:
-        self.messages: list[str] = []
-
-    async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's hook name
-        self.messages.append(envelope.content.decode("utf-8", "replace"))
-        return "250 OK"
-
-    def subjects(self) -> list[str]:
-        return [line[9:] for m in self.messages for line in m.splitlines() if line.startswith("Subject: ")]
-
-
 @pytest.fixture
 def inbox():
-    box, port = Inbox(), stack.free_port()
-    controller = Controller(box, hostname="127.0.0.1", port=port)
-    controller.start()
-    box.port = port
-    yield box
-    controller.stop()
+    with smtp_server() as box:
+        yield box
 
 
 @pytest.fixture
@@ -56,10 +41,7 @@ def watched_stack(live_stack, server_env, log_dir, inbox, settings, alice):
     """Worker and beat judging the fleet every agent interval, mailing through the test's SMTP server."""
     env = {**server_env, "AGENT_INTERVAL": str(INTERVAL), "EMAIL_HOST": "127.0.0.1", "EMAIL_PORT": str(inbox.port),
            "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend"}
-    settings.CELERY_BROKER_URL = settings.CELERY_RESULT_BACKEND = server_env["REDIS_URL"]
-    from layercake.celery import app
-
-    app.conf.broker_url = app.conf.result_backend = server_env["REDIS_URL"]
+    point_celery_at(server_env["REDIS_URL"], settings)
     services = [stack.celery_worker_service(env, log_dir).start(), stack.celery_beat_service(env, log_dir).start()]
     yield live_stack
     for service in services:
