@@ -90,14 +90,15 @@ def replan(alert: Alert, user: Any) -> PlanRequest:
         raise ValueError(f"alert {alert.pk} offers no re-plan")
     form = DeployForm(data={"model": fields.get("model_ref", ""), "max_model_len": fields.get("max_model_len"),
                             "concurrency": fields.get("concurrency", 1), "node": fields.get("node") or "",
-                            "backend": fields.get("backend") or "", "gpus": fields.get("gpus") or ""})
+                            "backend": fields.get("backend") or "", "gpus": fields.get("gpus") or "",
+                            "tp": fields.get("tp") or ""})
     if not form.is_valid():
         problems = "; ".join(f"{name}: {' '.join(errors)}" for name, errors in form.errors.items())
         raise ValueError(f"the re-plan suggestion of alert {alert.pk} is not a valid request: {problems}")
     d = form.cleaned_data
     return PlanRequest.objects.create(created_by=user, model_ref=d["model"], max_model_len=d["max_model_len"],
                                       concurrency=d["concurrency"], node=d["node"], backend=d["backend"],
-                                      gpus=d["gpus"])
+                                      gpus=d["gpus"], tp=d["tp"])
 
 
 def check_alert_input(key: str, content: dict[str, Any]) -> None:

@@ -70,7 +70,7 @@ def compute_plans(row: PlanRequest) -> dict[str, Any]:
         raise PlacementError("no node has reported its GPUs yet: start an agent first")
     cluster = load_cluster(fleet)
     gpus = tuple(int(g) for g in row.gpus.split(",") if g.strip()) or None
-    request = Request(max_model_len=row.max_model_len, concurrency=row.concurrency, gpus=gpus,
+    request = Request(max_model_len=row.max_model_len, concurrency=row.concurrency, gpus=gpus, tp=row.tp,
                       node=row.node.name if row.node else None, backend=row.backend or None)
     return plan(request_model(row), cluster, request).to_json(limit=PLAN_LIMIT, rejected_limit=REJECTED_LIMIT)
 

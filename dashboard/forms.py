@@ -22,6 +22,8 @@ class DeployForm(forms.Form):
                                   to_field_name="name")
     backend = forms.ChoiceField(choices=BACKENDS, required=False)
     gpus = forms.CharField(max_length=200, required=False, label="GPUs", help_text="e.g. 0,1 (optional)")
+    tp = forms.IntegerField(min_value=1, max_value=64, required=False, label="Tensor parallel",
+                            help_text="1 = no tensor parallelism (pipeline / layer split only); empty = any")
 
     def clean_gpus(self) -> str:
         value = self.cleaned_data["gpus"].replace(" ", "")

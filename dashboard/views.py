@@ -37,7 +37,7 @@ def deploy_page(request: HttpRequest) -> HttpResponse:
         d = form.cleaned_data
         row = PlanRequest.objects.create(
             created_by=request.user, model_ref=d["model"], config=d["config"], max_model_len=d["max_model_len"],
-            concurrency=d["concurrency"], node=d["node"], backend=d["backend"], gpus=d["gpus"])
+            concurrency=d["concurrency"], node=d["node"], backend=d["backend"], gpus=d["gpus"], tp=d["tp"])
         tasks.plan_request.delay(row.pk)
         return redirect(row)
     return render(request, "dashboard/deploy.html", {"form": form})

@@ -363,15 +363,15 @@ def test_it_replans_from_the_alerts_suggestion(client, alice, monkeypatch):
     queued = []
     monkeypatch.setattr(tasks.plan_request, "delay", queued.append)
     suggestion = {"model_ref": "Qwen3-VL-32B-Instruct", "max_model_len": 10000, "concurrency": 2,
-                  "node": "a30-seed", "backend": "vllm"}
+                  "node": "a30-seed", "backend": "vllm", "tp": 1}
     alert = stall(actions={"replan": suggestion})
     client.force_login(alice)
     assert 'id="replan"' in client.get(f"/alerts/{alert.pk}/").content.decode()
     response = client.post(f"/alerts/{alert.pk}/replan/")
     row = PlanRequest.objects.get()
     assert response.status_code == 302 and response.url == f"/deploy/plans/{row.pk}/"
-    assert (row.model_ref, row.max_model_len, row.concurrency, row.node.name, row.backend) == (
-        "Qwen3-VL-32B-Instruct", 10000, 2, "a30-seed", "vllm")
+    assert (row.model_ref, row.max_model_len, row.concurrency, row.node.name, row.backend, row.tp) == (
+        "Qwen3-VL-32B-Instruct", 10000, 2, "a30-seed", "vllm", 1)
     assert queued == [row.pk] and row.created_by == alice
     assert tasks.plan_request(row.pk) == PlanStatus.DONE
 

@@ -117,3 +117,10 @@ def test_it_applies_agent_reports_and_turns_counters_into_tokens_per_second(alic
     assert (deployment.state, deployment.port, deployment.pid) == ("ready", 8123, 4242)
     assert deployment.tokens_per_s == pytest.approx(50.0)
     assert deployment.metrics.get().generation_tokens_per_s == pytest.approx(50.0)
+
+
+def test_it_plans_without_tensor_parallelism_when_asked(alice):
+    sim_node("h100-nvlink", "sim:h100x8,workload=idle")
+    row = planned("Llama-3.1-70B-Instruct", max_model_len=8192, tp=1)
+    assert row.status == PlanStatus.DONE, row.error
+    assert {p["tp"] for p in row.result["plans"]} == {1}

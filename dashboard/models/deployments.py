@@ -32,6 +32,7 @@ class PlanRequest(models.Model):
     node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL)
     backend = models.CharField(max_length=20, blank=True)
     gpus = models.CharField(max_length=200, blank=True, help_text="comma-separated GPU indices")
+    tp = models.PositiveSmallIntegerField(null=True, blank=True, help_text="tensor-parallel size (1: none)")
     status = models.CharField(max_length=10, choices=PlanStatus.choices(), default=PlanStatus.QUEUED)
     error = models.TextField(blank=True)
     result = models.JSONField(null=True, blank=True)
