@@ -162,9 +162,15 @@ def crashed(d: Deployment, verdict: Verdict, lines: list[str]) -> Problem | None
 
 def log_signature(d: Deployment, verdict: Verdict, lines: list[str]) -> Problem:
     first = verdict.findings[0]
+    evidence = {"log": lines[-40:], "log_findings": findings_json(verdict), "phase": verdict.phase}
+    if verdict.verdict == "hang" and d.state in (DeploymentState.READY, DeploymentState.SERVING):
+        # The server's own stats lines show the stall before (or without) the scraped counters: same cause,
+        # same alert, whichever evidence sees it first.
+        cause, remedy, actions = stall_cause(d, gpu_pattern(d, timezone.now()))
+        title = f"{d.name} on {d.node.name}: no tokens with requests in flight ({first.signature} in its log)"
+        return Problem(f"stall:{d.pk}", "stall", title, f"{first.meaning} {cause}", remedy, evidence, actions)
     title = f"{d.name} on {d.node.name}: log says {verdict.verdict} ({first.signature})"
-    return Problem(f"log:{d.pk}", "log", title, first.meaning, first.advice,
-                   {"log": lines[-40:], "log_findings": findings_json(verdict), "phase": verdict.phase})
+    return Problem(f"log:{d.pk}", "log", title, first.meaning, first.advice, evidence)
 
 
 def findings_json(verdict: Verdict) -> list[dict[str, Any]]:

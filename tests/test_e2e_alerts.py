@@ -107,7 +107,13 @@ def test_it_alerts_on_a_stall_mails_it_and_resolves_when_tokens_flow_again(opera
     set_fault(deployment.port, "stall")
     onset = time.monotonic()
     request = in_background(complete, deployment.port, "Hello", 8)
-    alert = wait_until(lambda: open_alert("stall"), timeout=30, what="stall alert")
+    try:
+        alert = wait_until(lambda: open_alert("stall"), timeout=30, what="stall alert")
+    except AssertionError:
+        d = Deployment.objects.get(pk=deployment.pk)
+        raise AssertionError(f"no stall alert; deployment {d.state}, counters {d.last_counters} at "
+                             f"{d.last_counters_t}, progress at {d.progress_at}, alerts "
+                             f"{list(Alert.objects.values_list('key', 'status'))}") from None
     opened_after = time.monotonic() - onset
     assert opened_after <= STALL_WINDOW + 2 * INTERVAL + 1.0, f"alert after {opened_after:.1f} s"
     assert "no tokens" in alert.title and alert.evidence["series"]["t"]
