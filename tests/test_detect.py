@@ -120,3 +120,12 @@ def test_it_reports_xid_errors_with_their_meaning():
                              mem_used_mib=1, mem_free_mib=1, temp_c=40, power_w=50, xids=[79])
     problem = detect.node_problems(node, timezone.now())[0]
     assert problem.key == f"xid:{node.pk}:2:79" and "fallen off the bus" in problem.title
+
+
+def test_it_opens_the_stall_alert_from_the_servers_own_stats_lines(serving):
+    stats = ("INFO 11-29 10:00:{s:02d} [loggers.py:123] Engine 000: Avg prompt throughput: 0.0 tokens/s, "
+             "Avg generation throughput: 0.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 1.0%")
+    lines = [stats.format(s=s) for s in (0, 5, 10)]
+    LogChunk.objects.create(node=serving.node, source=serving.pk, seq=1, lines=lines, t=timezone.now())
+    problems = detect.deployment_problems(serving, timezone.now())
+    assert [(p.kind, p.key) for p in problems] == [("stall", f"stall:{serving.pk}")]
