@@ -15,9 +15,20 @@ Object.entries(gpuHistory).forEach(([gpuId, points], i) => datasets.push({
 const chart = new Chart(document.getElementById("tokens-chart"), {
   type: "line", data: { datasets },
   options: { animation: false, parsing: false, maintainAspectRatio: false,
-    scales: { x: { type: "time" }, tok: { position: "left", min: 0, title: { display: true, text: "tokens/s" } },
+    scales: { x: { type: "time", ticks: { maxTicksLimit: 8 } }, tok: { position: "left", min: 0, title: { display: true, text: "tokens/s" } },
               pct: { position: "right", min: 0, max: 100, grid: { drawOnChartArea: false } } } },
 });
+
+function addEvent(d) {
+  const item = document.createElement("li");
+  const time = document.createElement("time");
+  time.textContent = new Date().toTimeString().slice(0, 8);
+  const state = document.createElement("span");
+  state.className = "state state-" + d.state;
+  state.textContent = d.label;
+  item.append(time, " ", state);
+  document.getElementById("events").append(item);
+}
 
 function push(ds, x, y) {
   ds.data.push({ x, y });
@@ -28,8 +39,10 @@ Live.onUpdate((msg) => {
   for (const d of msg.deployments || []) {
     if (d.id !== box.dataset.deployment) continue;
     const badge = document.getElementById("state");
+    if (box.dataset.state !== d.state) addEvent(d);
     badge.textContent = d.label; badge.className = "state state-" + d.state;
-    if (d.state === "loading" && d.progress !== null) document.getElementById("progress").textContent = `loading ${Math.round(d.progress * 100)} %`;
+    document.getElementById("progress").textContent =
+      d.state === "loading" && d.progress !== null ? `loading ${Math.round(d.progress * 100)} %` : "";
     if (d.tokens_per_s !== null && d.t) push(datasets[0], d.t * 1000, d.tokens_per_s);
     box.dataset.state = d.state;
   }
