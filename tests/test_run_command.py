@@ -41,7 +41,7 @@ def test_it_runs_the_stack_with_an_embedded_redis_and_a_demo_fleet(tmp_path):
                             start_new_session=True)
     try:
         read_until(proc, r"embedded Redis on 127\.0\.0\.1:\d+")
-        read_until(proc, r"demo deployment \w+: Qwen3-VL-32B-Instruct as vllm TP=1 PP=4 on a30-seed")
+        read_until(proc, r"demo deployment \w+: Qwen3-VL-32B-Instruct (as vllm TP=1 PP=4|already \w+) on a30-seed")
         read_until(proc, rf"layercake is running: http://127\.0\.0\.1:{port}/")
         creds = read_until(proc, r"log in as (\S+) / (\S+)")
         with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:

@@ -8,7 +8,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from dashboard import deploy, tasks
-from dashboard.choices import PlanStatus
+from dashboard.choices import DeploymentState, PlanStatus
 from dashboard.models import Node, PlanRequest
 
 
@@ -23,6 +23,10 @@ class Command(BaseCommand):
 
     def handle(self, node: str, model: str, max_model_len: int, wait: float, **options):
         target = self.wait_for_node(node, wait)
+        running = target.deployments.filter(name=model, state__in=DeploymentState.ACTIVE).first()
+        if running is not None:  # a rerun of ./run.sh: its agent re-attaches to the server it already runs
+            self.stdout.write(f"demo deployment {running.pk}: {model} already {running.state} on {node}")
+            return
         row = PlanRequest.objects.create(model_ref=model, max_model_len=max_model_len, concurrency=4, node=target)
         row = deploy.run_plan_request(row.pk)
         if row.status != PlanStatus.DONE or not row.result["plans"]:
