@@ -17,7 +17,6 @@ from dashboard.models import AgentToken, Node
 
 log = logging.getLogger(__name__)
 CLOSE_UNAUTHORIZED = 4401
-CLOSE_PROTOCOL = 4400
 
 
 def bearer_token(scope: dict) -> str:
@@ -32,7 +31,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     node: Node | None = None
     gpu_ids: dict[int, int]
-    accepted_seq: int = 0
+    accepted_seq: int = 0  # highest sequence number handed to the ingest buffer
+    stored_seq: int = 0  # highest sequence number known to be in the database (what may be acked)
 
     async def connect(self) -> None:
         await self.accept()
@@ -70,13 +70,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
             log.warning("agent %s: rejected frame: %s", self.node.name, exc.message)
             await self.send(protocol.error(exc.code, exc.message))
 
-    async def handle(self, message: protocol.Hello | protocol.Samples | protocol.LogTail) -> None:
+    async def handle(self, message: protocol.Hello | protocol.Samples | protocol.LogTail | protocol.DeploymentStatus
+                     | protocol.Metrics) -> None:
         if isinstance(message, protocol.Hello):
             await self.hello(message)
         elif getattr(self, "gpu_ids", None) is None:
             raise protocol.ProtocolError("hello_required", "send hello before samples or logs")
+        elif message.seq <= self.stored_seq:
+            await self.send(protocol.ack(self.stored_seq))  # a replay of what is already stored
         elif message.seq <= self.accepted_seq:
-            await self.send(protocol.ack(self.accepted_seq))  # a replay of what is stored or in flight
+            return  # a replay of what is still in flight: its flush will ack it
         else:
             self.enqueue(message)
 
@@ -85,7 +88,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await buffer.flush()  # whatever an earlier connection of this agent still has in flight
         node = await database_sync_to_async(Node.objects.get)(pk=self.node.pk)
         self.gpu_ids = await database_sync_to_async(ingest.apply_hello)(node, message)
-        self.node, self.accepted_seq = node, node.last_seq
+        self.node, self.accepted_seq, self.stored_seq = node, node.last_seq, node.last_seq
         await self.send(protocol.welcome(node.name, node.last_seq))
         await self.channel_layer.group_add(agent_group(node.pk), self.channel_name)
         for frame in await database_sync_to_async(deploy.desired_launches)(node):
@@ -113,6 +116,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         ingest.ingest_buffer().add(pending)
 
     async def acknowledge(self, seq: int) -> None:
+        self.stored_seq = max(self.stored_seq, seq)
         await self.send(protocol.ack(seq))
 
 
