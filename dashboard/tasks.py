@@ -63,11 +63,10 @@ def launch_deployment(deployment_id: str) -> str:
 @shared_task(ignore_result=False, acks_late=True)
 def stop_deployment(deployment_id: str) -> str:
     deployment = Deployment.objects.select_related("node").get(pk=deployment_id)
-    deployment.desired = "stopped"
     if deployment.state in (DeploymentState.STOPPED, DeploymentState.FAILED):
-        deployment.move_to(DeploymentState.STOPPED, "stopped by the operator")
+        deployment.move_to(DeploymentState.STOPPED, "stopped by the operator", desired="stopped")
     else:
-        deployment.move_to(DeploymentState.STOPPING, "stop sent to the agent")
+        deployment.move_to(DeploymentState.STOPPING, "stop sent to the agent", desired="stopped")
     send_to_agent(deployment, protocol.dump(protocol.Stop(type="stop", v=1, deployment=deployment.pk)))
     return deployment.state
 
@@ -75,8 +74,8 @@ def stop_deployment(deployment_id: str) -> str:
 @shared_task(ignore_result=False, acks_late=True)
 def restart_deployment(deployment_id: str) -> str:
     deployment = Deployment.objects.select_related("node").get(pk=deployment_id)
-    deployment.desired = "running"
-    deployment.move_to(DeploymentState.LAUNCHING, "restart sent to the agent", exit_code=None, progress=None)
+    deployment.move_to(DeploymentState.LAUNCHING, "restart sent to the agent", exit_code=None, progress=None,
+                       desired="running")
     send_to_agent(deployment, protocol.dump(protocol.Restart(type="restart", v=1, deployment=deployment.pk)))
     return deployment.state
 

@@ -124,3 +124,13 @@ def test_it_plans_without_tensor_parallelism_when_asked(alice):
     row = planned("Llama-3.1-70B-Instruct", max_model_len=8192, tp=1)
     assert row.status == PlanStatus.DONE, row.error
     assert {p["tp"] for p in row.result["plans"]} == {1}
+
+
+def test_it_keeps_a_concurrent_change_when_the_state_moves(alice):
+    """The launch task and the operator (or a test) may hold the same row: a state move writes only its columns."""
+    seed_server()
+    deployment = deploy.create_deployment(planned("Qwen3-VL-32B-Instruct"), 0, alice)
+    Deployment.objects.filter(pk=deployment.pk).update(stall_window_s=5.0)
+    deployment.move_to(DeploymentState.LAUNCHING, "launch sent")
+    deployment.refresh_from_db()
+    assert (deployment.state, deployment.stall_window_s) == ("launching", 5.0)

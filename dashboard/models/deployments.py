@@ -107,16 +107,21 @@ class Deployment(models.Model):
         return protocol.Launch.model_validate(self.launch)
 
     def move_to(self, state: str, detail: str = "", **fields: Any) -> None:
-        """Change state (recording an event) and any reported fields; a repeated state records nothing."""
+        """Change state (recording an event) and any reported fields; a repeated state records nothing.
+        Only these columns are written: a Celery task and the ingest path may hold the same row at once."""
         changed = state != self.state
         for name, value in fields.items():
             setattr(self, name, value)
+        written = set(fields)
         if changed:
             self.state, self.state_since = state, timezone.now()
             self.startup_progress_at = self.state_since
+            written |= {"state", "state_since", "startup_progress_at"}
         if detail:
             self.detail = detail
-        self.save()
+            written.add("detail")
+        if written:
+            self.save(update_fields=sorted(written))
         if changed:
             DeploymentEvent.objects.create(deployment=self, state=state, detail=detail)
 
