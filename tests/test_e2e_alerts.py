@@ -132,7 +132,7 @@ def test_it_never_alerts_on_an_idle_deployment(operator, seed_agent, inbox):
     assert not Alert.objects.exists() and inbox.messages == []
 
 
-def test_it_alerts_on_a_startup_stuck_in_nccl_init(operator, seed_agent, alice):
+def test_it_alerts_on_a_startup_stuck_in_nccl_init(operator, seed_agent, alice, inbox):
     from dashboard import deploy, tasks
     from tests.test_deploy import planned
 
@@ -145,6 +145,8 @@ def test_it_alerts_on_a_startup_stuck_in_nccl_init(operator, seed_agent, alice):
     alert = wait_until(lambda: open_alert("startup"), timeout=60, what="startup alert")
     assert "nccl-init" in alert.title
     assert "NCCL_P2P_DISABLE=1" in alert.remedy and alert.actions["replan"]["tp"] == 1
+    wait_until(lambda: any("OPEN" in s and "nccl-init" in s for s in inbox.subjects()), timeout=30,
+               what="the alert mail")
 
 
 def test_it_alerts_when_the_real_llama_cpp_engine_freezes_and_resolves_on_sigcont(operator, seed_agent, tmp_path):
