@@ -3,7 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 scripts/setup.sh requirements-dev.txt
-scripts/install-inference.sh   # the real llama.cpp engine and a 98 MB GGUF for the inference tests (built once)
+# The real llama.cpp engine (compiled once, needs a C++ compiler) and a 98 MB GGUF for the inference tests;
+# without them those tests are skipped with the reason, the rest still run.
+scripts/install-inference.sh || echo "warning: could not install the llama.cpp engine; its tests will be skipped" >&2
 if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   echo "installing Debian's chromium for the browser tests…"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
