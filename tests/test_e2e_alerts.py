@@ -2,6 +2,7 @@
 server (aiosmtpd) and inference servers that really stall (simulated backend, or the llama.cpp engine
 frozen with SIGSTOP)."""
 
+import importlib.util
 import json
 import os
 import signal
@@ -151,8 +152,8 @@ def test_it_alerts_on_a_startup_stuck_in_nccl_init(operator, seed_agent, alice, 
 
 def test_it_alerts_when_the_real_llama_cpp_engine_freezes_and_resolves_on_sigcont(operator, seed_agent, tmp_path):
     gguf = smollm2_path()
-    if gguf is None:
-        pytest.skip("the SmolLM2 GGUF is not installed (scripts/install-inference.sh)")
+    if gguf is None or importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python or the SmolLM2 GGUF is not installed (scripts/install-inference.sh)")
     model = tmp_path / "models" / "smol.gguf"
     os.link(gguf, model)
     deployment = ready_deployment(operator, model=str(model), backend="llama.cpp", max_model_len=2048)
