@@ -7,6 +7,7 @@ import smtplib
 import time
 import urllib.error
 import urllib.request
+from abc import ABC, abstractmethod
 from datetime import timedelta
 from typing import Any
 
@@ -31,13 +32,13 @@ class TransportError(Exception):
         self.permanent = permanent
 
 
-class Transport:
+class Transport(ABC):
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
 
+    @abstractmethod
     def notify(self, alert: Alert, event: AlertEvent) -> None:
         """Deliver one state change of `alert`; return on success, raise TransportError on failure."""
-        raise NotImplementedError
 
     def is_noop(self, event: AlertEvent) -> bool:
         """True if this kind of channel does not report this kind of change (no row is queued for it)."""

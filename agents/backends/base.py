@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import shutil
 import sys
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar
 
@@ -32,7 +33,7 @@ class LaunchRefused(ValueError):
         self.reason = reason
 
 
-class Adapter:
+class Adapter(ABC):
     """One inference backend: how to start it, where it answers, and how to read its log."""
 
     name: ClassVar[str]
@@ -59,8 +60,9 @@ class Adapter:
             raise LaunchRefused(f"{self.name}: tp {o.tp} x pp {o.pp} = {o.tp * o.pp} ranks, but the launch names "
                                 f"{len(launch.gpus)} GPUs {launch.gpus}; each rank needs exactly one GPU")
 
+    @abstractmethod
     def argv(self, launch: Launch, port: int, host: str = LOOPBACK) -> list[str]:
-        raise NotImplementedError
+        """The server's command line for this launch (never run through a shell)."""
 
     def env(self, launch: Launch, port: int, host: str = LOOPBACK) -> dict[str, str]:
         """The variables this launch sets on top of the agent's own environment."""
