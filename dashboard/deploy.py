@@ -23,10 +23,11 @@ class DeployError(ValueError):
 
 def fleet_cluster(nodes: list[Node] | None = None) -> dict[str, Any]:
     """The planner's cluster JSON built from what the agents reported (same shape as a cluster file)."""
-    nodes = nodes if nodes is not None else list(Node.objects.filter(topology__isnull=False))
+    if nodes is None:
+        nodes = list(Node.objects.filter(topology__isnull=False).prefetch_related("gpus"))
     gpus = [g for n in nodes for g in n.gpus.all()]
     latest = latest_samples(gpus)
-    return {"nodes": [_node_entry(n, latest) for n in nodes if n.gpus.exists()]}
+    return {"nodes": [_node_entry(n, latest) for n in nodes if n.gpus.all()]}
 
 
 def _node_entry(node: Node, latest: dict) -> dict[str, Any]:

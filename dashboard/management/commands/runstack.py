@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,8 @@ class Command(BaseCommand):
         parser.add_argument("--no-demo", action="store_true", help="start no simulated agents")
 
     def handle(self, port: int, no_demo: bool, **options):
+        # `kill`, systemd and `timeout` send SIGTERM: stop the stack as Ctrl-C does, not leave it orphaned.
+        signal.signal(signal.SIGTERM, stop_like_ctrl_c)
         log_dir = settings.VAR_DIR / "log"
         log_dir.mkdir(parents=True, exist_ok=True)
         call_command("migrate", verbosity=0)
@@ -74,6 +77,10 @@ class Command(BaseCommand):
         finally:
             for service in reversed(services):
                 service.stop()
+
+
+def stop_like_ctrl_c(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def ensure_admin(password_file: Path) -> tuple[str, str]:
