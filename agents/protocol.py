@@ -162,6 +162,8 @@ class ServerCounters(Strict):
     itl_seconds_count: NonNegative | None = None
     steps_total: NonNegative | None = None
     requests_finished_total: NonNegative | None = None
+    # Ollama: how long the most overdue loaded model has been past its unload time (`ollama ps` "Stopping...")
+    unload_overdue_s: NonNegative | None = None
 
 
 class Metrics(Strict):
