@@ -6,11 +6,12 @@ Sources
   one metric are summed over its label sets (several ``model_name`` / ``engine`` / rank labels), except
   KV-cache usage, a fraction, which is averaged (SGLang: used / capacity tokens when both are there).
   Where a metric was renamed, the newer name wins and the older one is the fallback.
-* Ollama has no ``/metrics``. ``/api/ps`` says which models are loaded and how much of each sits in
-  VRAM, nothing about tokens or requests: ``counters_from_ollama_ps`` returns counters that are all
-  unknown, ``ollama_loaded_models`` returns what it does say. Token counts and timings exist only in
-  each finished response (``counters_from_ollama_response``); ``accumulate`` adds those up into
-  cumulative counters for whoever sees the responses (a proxy, a test client).
+* Ollama has no ``/metrics``. ``/api/ps`` says which models are loaded, how much of each sits in VRAM
+  and when each is due to unload, nothing about tokens or requests: ``counters_from_ollama_ps`` gives
+  only ``unload_overdue_s`` (how long a listed model is past its unload time, what ``ollama ps`` shows
+  as "Stopping..."), ``ollama_loaded_models`` returns everything it does say. Token counts and timings
+  exist only in each finished response (``counters_from_ollama_response``); ``accumulate`` adds those
+  up into cumulative counters for whoever sees the responses (a proxy, a test client).
 
 What a backend cannot tell
 * vLLM 0.2.x exported only 5-s average throughput gauges (``vllm:avg_*_throughput_toks_per_s``), no
@@ -31,7 +32,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import time
 from dataclasses import dataclass
+from datetime import datetime
 
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
@@ -260,6 +264,8 @@ COUNTER_FIELDS = (
     "itl_seconds_sum", "itl_seconds_count", "steps_total", "requests_finished_total",
 )
 NS = 1e-9
+# Go's time.Time in JSON (RFC 3339 with up to 9 fractional digits); an offset is required to place it in time.
+RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)")
 
 
 @dataclass(frozen=True)
@@ -271,6 +277,7 @@ class LoadedModel:
     vram_bytes: int
     expires_at: str | None
     context_length: int | None
+    expires_t: float | None  # expires_at in seconds since the epoch
 
     @property
     def gpu_fraction(self) -> float:
@@ -291,6 +298,18 @@ def _count(value: object, what: str) -> int | None:
     return value
 
 
+def _instant(value: object, what: str) -> float | None:
+    """Seconds since the epoch of an RFC 3339 time as Go writes it; None when absent."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not RFC3339.fullmatch(value):
+        raise ValueError(f"{what} must be an RFC 3339 time with an offset (2025-04-10T19:31:02.5Z), got {value!r}")
+    try:
+        return datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", value)).timestamp()  # datetime keeps µs
+    except ValueError as exc:
+        raise ValueError(f"{what} is not a real time: {value!r} ({exc})") from None
+
+
 def ollama_loaded_models(obj: dict) -> list[LoadedModel]:
     """The models Ollama has loaded, with their size, VRAM share, unload time and context length."""
     loaded = []
@@ -305,20 +324,27 @@ def ollama_loaded_models(obj: dict) -> list[LoadedModel]:
             _count(entry.get("size_vram", 0), f"{where} size_vram"),
             entry.get("expires_at"),
             _count(entry.get("context_length"), f"{where} context_length"),
+            _instant(entry.get("expires_at"), f"{where} expires_at"),
         ))
     return loaded
 
 
-def counters_from_ollama_ps(obj: dict) -> ServerCounters:
-    """Counters from Ollama's /api/ps: none are known.
+def counters_from_ollama_ps(obj: dict, now: float | None = None) -> ServerCounters:
+    """Counters from Ollama's /api/ps: only how long a loaded model is overdue to unload.
 
     /api/ps lists loaded models (name, size, size_vram, expires_at, context_length) and nothing about
-    requests, tokens or the KV cache, so every counter stays None (unknown, not zero). The input is
-    still checked, so a wrong endpoint is reported. Use ``ollama_loaded_models`` for what /api/ps does
-    say, and ``counters_from_ollama_response`` for tokens and timings.
+    requests, tokens or the KV cache, so those counters stay None (unknown, not zero). A model still
+    listed after its expires_at is one `ollama ps` shows as "Stopping...": ``unload_overdue_s`` is the
+    longest such overrun at ``now`` (seconds since the epoch, default the current time), 0 when every
+    model is within its keep-alive, None when no model (with an expires_at) is listed. The input is
+    checked, so a wrong endpoint is reported. Use ``ollama_loaded_models`` for the rest of what /api/ps
+    says, and ``counters_from_ollama_response`` for tokens and timings.
     """
-    ollama_loaded_models(obj)
-    return ServerCounters()
+    expiries = [m.expires_t for m in ollama_loaded_models(obj) if m.expires_t is not None]
+    if not expiries:
+        return ServerCounters()
+    now = time.time() if now is None else now
+    return ServerCounters(unload_overdue_s=max(0.0, now - min(expiries)))
 
 
 def _duration(obj: dict, key: str) -> float | None:

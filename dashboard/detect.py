@@ -9,18 +9,23 @@ over the models so that tests can drive them without Celery.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
 
-from agents.logscan import LogScanner, Verdict
+from agents.logscan import PHASES, LogScanner, Verdict
 from dashboard.choices import DeploymentState
 from dashboard.fleet import log_tail
 from dashboard.models import Deployment, GpuSample, Node
 
 LOG_LINES_SCANNED = 400
 XID_QUIET_MINUTES = 30
+SCRAPED = (DeploymentState.READY, DeploymentState.SERVING)  # the agent scrapes metrics only in these states
+UNLOADING = PHASES["stopping"]
+# A scrape's time is the agent's clock, `now` the server's: hosts drift apart by seconds, so a scrape counts as
+# recent for this long beyond the node's stale window (the node's own silence is judged on the server's clock).
+CLOCK_SLACK_S = 30.0
 
 XID_MEANINGS = {
     13: ("Graphics engine exception", "usually the application or driver: check the server's log for an illegal access"),
@@ -52,7 +57,7 @@ class Problem:
 def deployment_problems(d: Deployment, now: datetime) -> list[Problem]:
     verdict, lines = scan_logs(d, now)
     found = [p for p in (stall(d, now, verdict, lines), startup_overdue(d, now, verdict, lines),
-                         crashed(d, verdict, lines)) if p]
+                         crashed(d, verdict, lines), unload_stuck(d, now, lines)) if p]
     if not found and verdict.verdict != "healthy" and d.state != DeploymentState.FAILED:
         found.append(log_signature(d, verdict, lines))
     for problem in found:
@@ -160,6 +165,31 @@ def crashed(d: Deployment, verdict: Verdict, lines: list[str]) -> Problem | None
                    {"log": lines[-40:], "log_findings": findings_json(verdict), "exit_code": d.exit_code})
 
 
+def unload_stuck(d: Deployment, now: datetime, lines: list[str]) -> Problem | None:
+    """Ollama still lists a model past its unload time ('Stopping...' in `ollama ps`) for longer than an
+    unload takes (ollama/ollama#10119). layercake loads with OLLAMA_KEEP_ALIVE=-1 (expires_at ~290 years
+    ahead), so this is a client's shorter keep_alive that ran out on a runner something still holds. The
+    log shows only /api/ps polls then (fixture 032), so the scraped counter decides, not the log."""
+    overdue = (d.last_counters or {}).get("unload_overdue_s")
+    if overdue is None or overdue <= UNLOADING.allowance or not counters_current(d, now):
+        return None
+    secs, allow = f"{overdue:.0f}", f"{UNLOADING.allowance:.0f}"
+    title = f"{d.name} on {d.node.name}: model stuck in 'Stopping...' for {secs} s"
+    evidence = {"log": lines[-40:], "unload_overdue_s": round(overdue), "allowed_s": UNLOADING.allowance,
+                "scraped_at": datetime.fromtimestamp(d.last_counters_t, tz=UTC).isoformat()}
+    return Problem(f"unload:{d.pk}", "unload", title, UNLOADING.meaning.format(secs=secs, allow=allow),
+                   UNLOADING.advice, evidence)
+
+
+def counters_current(d: Deployment, now: datetime) -> bool:
+    """The last scrape still describes the server: it is scraped, its node reports and the scrape is recent."""
+    if d.state not in SCRAPED or d.last_counters_t is None or d.node.last_seen is None:
+        return False
+    window = d.node.stale_after()
+    scraped_ago = now.timestamp() - d.last_counters_t
+    return now - d.node.last_seen <= window and scraped_ago <= window.total_seconds() + CLOCK_SLACK_S
+
+
 def log_signature(d: Deployment, verdict: Verdict, lines: list[str]) -> Problem:
     first = verdict.findings[0]
     evidence = {"log": lines[-40:], "log_findings": findings_json(verdict), "phase": verdict.phase}
@@ -247,6 +277,8 @@ def fleet_problems(now: datetime | None = None) -> tuple[list[Problem], set[str]
     for d in Deployment.objects.select_related("node", "plan_request").exclude(state=DeploymentState.STOPPED):
         problems += deployment_problems(d, now)
         judged |= {f"{kind}:{d.pk}" for kind in ("stall", "startup", "crashed", "log")}
+        if d.state not in SCRAPED or counters_current(d, now):  # stale counters: leave the unload alert as it is
+            judged.add(f"unload:{d.pk}")
     for node in Node.objects.filter(last_seen__isnull=False):
         problems += node_problems(node, now)
         judged.add(f"node-lost:{node.pk}")

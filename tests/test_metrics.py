@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime
 
 import pytest
 
@@ -266,9 +267,46 @@ OLLAMA_PS = {"models": [
 ]}
 
 
-def test_it_knows_no_counters_from_ollama_ps() -> None:
-    assert counters_from_ollama_ps(OLLAMA_PS).model_dump() == ALL_NONE
+def at(rfc3339: str) -> float:
+    return datetime.fromisoformat(rfc3339).timestamp()
+
+
+def test_it_knows_no_token_or_request_counters_from_ollama_ps() -> None:
+    before_expiry = at("2024-06-04T14:30:00-07:00")
+    assert counters_from_ollama_ps(OLLAMA_PS, now=before_expiry).model_dump() == {**ALL_NONE, "unload_overdue_s": 0.0}
     assert counters_from_ollama_ps({"models": []}).model_dump() == ALL_NONE
+    assert counters_from_ollama_ps({"models": [{"name": "m", "size": 1}]}).model_dump() == ALL_NONE  # no expires_at
+
+
+def overdue(expires_at: str, now: str) -> float | None:
+    ps = {"models": [{"name": "llama3.2:3b", "size": 1, "size_vram": 1, "expires_at": expires_at}]}
+    return counters_from_ollama_ps(ps, now=at(now)).unload_overdue_s
+
+
+def test_it_reports_no_unload_overrun_while_the_model_is_kept_alive() -> None:
+    # OLLAMA_KEEP_ALIVE=-1: Go's longest duration, so expires_at lands in 2318
+    assert overdue("2318-03-20T02:43:35.123456789+08:00", "2025-04-10T19:31:02Z") == 0.0
+    assert overdue("2025-04-10T19:31:02.5Z", "2025-04-10T19:31:02Z") == 0.0
+
+
+def test_it_measures_how_long_a_listed_model_is_past_its_unload_time() -> None:
+    assert overdue("2025-04-10T19:31:02.123456789Z", "2025-04-10T19:33:32.623456Z") == pytest.approx(150.5)
+    assert overdue("2025-04-11T03:31:02+08:00", "2025-04-10T19:36:18Z") == pytest.approx(316.0)
+
+
+def test_it_takes_the_most_overdue_of_several_models() -> None:
+    kept = {"name": "qwen2.5:7b", "size": 1, "expires_at": "2318-01-01T00:00:00Z"}
+    ps = {"models": [*OLLAMA_PS["models"], kept]}
+    counters = counters_from_ollama_ps(ps, now=at("2024-06-04T14:45:00-07:00"))
+    assert counters.unload_overdue_s == pytest.approx(6 * 60 + 28.16247)  # mistral, due at 14:38:31.83753
+
+
+@pytest.mark.parametrize("bad", ["2025-04-10", "2025-04-10T19:31:02", "2025-04-10 19:31:02Z", "1744313462",
+                                 1744313462, "2025-04-10T19:31:02.1234567890Z", "2025-13-10T19:31:02Z"])
+def test_it_names_expires_at_when_it_is_not_an_rfc3339_time(bad) -> None:
+    ps = {"models": [{"name": "llama3.2:3b", "size": 1, "expires_at": bad}]}
+    with pytest.raises(ValueError, match=r"'llama3.2:3b' expires_at (must be an RFC 3339 time|is not a real time)"):
+        counters_from_ollama_ps(ps, now=0.0)
 
 
 def test_it_lists_ollamas_loaded_models() -> None:
