@@ -111,6 +111,10 @@ CELERY_RESULT_BACKEND = REDIS_URL
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Redis gives the task of a worker that died before acking it (acks late) to another worker only after this
+# many seconds. It must exceed the longest a task runs, retry countdowns included (the worker holds those
+# unacked too), or a task still running is started a second time; tests set a few seconds.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envfloat("CELERY_VISIBILITY_TIMEOUT", "3600")}
 CELERY_TASK_SERIALIZER = "json"
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
