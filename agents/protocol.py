@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 VERSION = 1
 MAX_FRAME_BYTES = 256 * 1024
@@ -146,6 +146,8 @@ class DeploymentStatus(Strict):
     exit_code: int | None = None
     progress: Annotated[float, Field(ge=0, le=1)] | None = None
     detail: Annotated[str, Field(max_length=4000)] = ""
+    # multi-node head (node_rank 0): the port its rendezvous listens on, for the other nodes' launches
+    dist_port: Annotated[int, Field(ge=1, le=65535)] | None = None
 
 
 class ServerCounters(Strict):
@@ -193,6 +195,7 @@ EnvName = Literal[
     "OLLAMA_NUM_PARALLEL", "OLLAMA_CONTEXT_LENGTH", "VLLM_LOGGING_LEVEL", "OMP_NUM_THREADS",
 ]
 SafeText = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:/+=,@-]{1,512}$")]
+HostAddress = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$")]
 
 
 class LaunchOptions(Strict):
@@ -214,6 +217,26 @@ class LaunchOptions(Strict):
     # simulated backend only: tokens/s to generate at, and how to misbehave
     sim_tokens_per_s: Annotated[float, Field(gt=0, le=100_000)] | None = None
     sim_fault: Literal["none", "nccl-init-hang", "stall", "crash"] = "none"
+    # multi-node plans: one launch per node. Rank 0 (the head) serves the API and picks the rendezvous
+    # port when master_port is None; every other rank joins master_addr:master_port and serves no API.
+    nnodes: Annotated[int, Field(ge=1, le=64)] = 1
+    node_rank: Annotated[int, Field(ge=0, lt=64)] = 0
+    master_addr: HostAddress | None = None
+    master_port: Annotated[int, Field(ge=1, le=65535)] | None = None
+
+    @model_validator(mode="after")
+    def _ranks_add_up(self) -> LaunchOptions:
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} must be below nnodes {self.nnodes}")
+        if self.nnodes > 1 and self.master_addr is None:
+            raise ValueError("a multi-node launch needs master_addr (the head node's address)")
+        if self.node_rank > 0 and self.master_port is None:
+            raise ValueError("a launch for a node other than the head needs master_port (the head's rendezvous port)")
+        return self
+
+    @property
+    def is_head(self) -> bool:
+        return self.node_rank == 0
 
 
 class Launch(Strict):

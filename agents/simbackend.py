@@ -3,7 +3,7 @@
     python -m agents.simbackend --port P --model NAME --tokens-per-s X
         [--fault none|nccl-init-hang|stall|crash] [--load-seconds S] [--crash-after S] [--tp N]
         [--stats-interval S] [--log-file F] [--host H] [--served-model-name N] [--max-model-len N]
-        [--max-num-seqs N] [--kv-cache-tokens N]
+        [--max-num-seqs N] [--kv-cache-tokens N] [--nnodes N --node-rank R --master-addr A --master-port P]
 
 It behaves like a vLLM (V1) server from the outside, so the agent, the dashboard and the hang
 detector can be exercised end to end on a machine without GPUs:
@@ -33,6 +33,10 @@ Faults
 * ``crash``: serves for ``--crash-after`` s (default 5) after it is ready, then prints a vLLM
   EngineCore traceback (marked simulated) and exits with code 1.
 SIGTERM or SIGINT shut it down cleanly (exit 0).
+
+Across nodes (``--nnodes`` > 1) every node runs one process: the head (``--node-rank 0``) waits for the
+others on ``--master-addr:--master-port`` (agents.simrendezvous) before it loads and serves; the others
+serve no API (like vLLM's ``--headless``). When any node goes away the rest log an NCCL error and exit 1.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from agents.simrendezvous import Rendezvous, RendezvousError
 
 FINGERPRINT = "layercake-simulated-backend"
 OWNED_BY = "layercake-simbackend (SIMULATED: no model, no GPU)"
@@ -594,6 +600,16 @@ class SimServer:
         self.api = Api(opts, self.engine, self.metrics, self.log, self._fault_note)
         self.exit_code = 0
         self._stop = asyncio.Event()
+        self.rendezvous = Rendezvous(opts.nnodes, opts.node_rank, opts.master_addr, opts.master_port) \
+            if opts.nnodes > 1 else None
+
+    @property
+    def world_size(self) -> int:
+        return self.opts.tp * self.opts.nnodes
+
+    @property
+    def is_head(self) -> bool:
+        return self.opts.node_rank == 0
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -613,12 +629,13 @@ class SimServer:
 
     async def _serve(self) -> None:
         self._log_banner()
-        if self.opts.tp > 1:
-            self._log_nccl_setup()
-            if self.opts.fault == "nccl-init-hang":
-                await asyncio.Future()  # the first collective never completes
-            self._log_nccl_complete()
+        if not await self._start_ranks():
+            self.exit_code = 1
+            return
         await self._load_weights()
+        if not self.is_head:
+            await self._serve_headless()
+            return
         server = await self._listen()
         if server is None:
             self.exit_code = 1
@@ -626,12 +643,44 @@ class SimServer:
         tasks = [asyncio.create_task(self.engine.run()), asyncio.create_task(self._stats_loop())]
         if self.opts.fault == "crash":
             tasks.append(asyncio.create_task(self._crash_later()))
+        if self.rendezvous is not None:
+            tasks.append(asyncio.create_task(self._watch_peers()))
         try:
             await asyncio.gather(*tasks)
         finally:
             server.close()
             for task in tasks:
                 task.cancel()
+
+    async def _start_ranks(self) -> bool:
+        """NCCL-style setup of this node's ranks; across nodes, the rendezvous with the other nodes first."""
+        if self.world_size > 1:
+            self._log_nccl_setup()
+        if self.rendezvous is not None:
+            try:
+                await self.rendezvous.complete()
+            except RendezvousError as exc:
+                self.log.line(self._worker, "parallel_state.py:1160", f"RuntimeError: {exc}", "ERROR")
+                return False
+        if self.opts.fault == "nccl-init-hang":
+            await asyncio.Future()  # the first collective never completes
+        if self.world_size > 1:
+            self._log_nccl_complete()
+        return True
+
+    async def _serve_headless(self) -> None:
+        """A non-head node: its ranks run layers for the head; it serves no API (vLLM's --headless)."""
+        self.log.engine("core.py:95", f"Node rank {self.opts.node_rank} of {self.opts.nnodes} is running headless: "
+                        f"serving the head at {self.rendezvous.endpoint}")
+        await self._watch_peers()
+
+    async def _watch_peers(self) -> None:
+        """Like a broken NCCL communicator: when another node goes away, this one cannot go on."""
+        await self.rendezvous.peer_lost()
+        for line in peer_lost_lines(self.rendezvous.endpoint):
+            self.log.line(self._worker, "ProcessGroupNCCL.cpp:1915", line, "ERROR")
+        self.exit_code = 1
+        self._stop.set()
 
     async def _listen(self) -> asyncio.Server | None:
         o = self.opts
@@ -692,24 +741,32 @@ class SimServer:
                         f"model='{o.model}', served_model_name={self.api.served}, tensor_parallel_size={o.tp}, "
                         f"max_seq_len={o.max_model_len}, device_config=simulated")
 
+    @property
+    def _ranks(self) -> range:
+        """The global ranks on this node."""
+        first = self.opts.node_rank * self.opts.tp
+        return range(first, first + self.opts.tp)
+
     def _log_nccl_setup(self) -> None:
-        tp, port = self.opts.tp, 29500  # torch.distributed's usual rendezvous port
-        for rank in range(tp):
+        world, rendezvous = self.world_size, self.rendezvous
+        init = rendezvous.endpoint if rendezvous else "127.0.0.1:29500"  # torch.distributed's usual port
+        for local, rank in enumerate(self._ranks):
             worker = f"VllmWorker rank={rank}"
-            self.log.line(worker, "parallel_state.py:1134", f"world_size={tp} rank={rank} local_rank={rank} "
-                          f"distributed_init_method=tcp://127.0.0.1:{port} backend=nccl")
+            self.log.line(worker, "parallel_state.py:1134", f"world_size={world} rank={rank} local_rank={local} "
+                          f"distributed_init_method=tcp://{init} backend=nccl")
             self.log.line(worker, "pynccl.py:70", "vLLM is using nccl==2.26.2")
-        for rank in range(tp):
+        for rank in self._ranks:
             self.log.nccl(rank, "Bootstrap : Using lo:127.0.0.1<0>")
-            self.log.nccl(rank, f"cudaDriverVersion 12080 (simulated rank {rank} of {tp})")
-        for rank in range(tp):
+            self.log.nccl(rank, f"cudaDriverVersion 12080 (simulated rank {rank} of {world})")
+        for rank in self._ranks:
             for channel in range(2):
-                self.log.nccl(rank, f"Channel {channel:02d}/0 : {rank}[{rank}] -> {(rank + 1) % tp}"
-                              f"[{(rank + 1) % tp}] via P2P/CUMEM")
+                via = "NET/Socket" if rendezvous and rank == self._ranks[-1] else "P2P/CUMEM"
+                self.log.nccl(rank, f"Channel {channel:02d}/0 : {rank}[{rank}] -> {(rank + 1) % world}"
+                              f"[{(rank + 1) % world}] via {via}")
 
     def _log_nccl_complete(self) -> None:
-        tp = self.opts.tp
-        for rank in range(tp):
+        tp = self.world_size
+        for rank in self._ranks:
             self.log.nccl(rank, "Connected all rings")
             self.log.nccl(rank, "Connected all trees")
             self.log.nccl(rank, "2 coll channels, 2 collnet channels, 0 nvls channels, 2 p2p channels, "
@@ -783,6 +840,15 @@ class SimServer:
         self._stop.set()
 
 
+def peer_lost_lines(endpoint: str) -> list[str]:
+    return [
+        f"NCCL WARN NET/Socket : peer of the rendezvous at {endpoint} closed its connection (SIMULATED)",
+        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp"
+        ":1915, remote process exited or there was a network error, NCCL version 2.26.2",
+        "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.",
+    ]
+
+
 def crash_traceback(after: float) -> list[str]:
     site = "/usr/local/lib/python3.12/dist-packages/vllm"
     return [
@@ -836,6 +902,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=_number(int, 1, False), default=256)
     p.add_argument("--kv-cache-tokens", type=_number(int, BLOCK_TOKENS, False), default=65536)
     p.add_argument("--log-file", type=Path, default=None)
+    p.add_argument("--nnodes", type=_number(int, 1, False), default=1, help="nodes this server spans")
+    p.add_argument("--node-rank", type=_number(int, 0, False), default=0, help="0: the head, which serves the API")
+    p.add_argument("--master-addr", default=None, help="the head's address (with --nnodes > 1)")
+    p.add_argument("--master-port", type=_number(int, 1, False), default=None, help="the head's rendezvous port")
     return p
 
 
@@ -844,9 +914,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     opts = parser.parse_args(argv)
     if opts.port > 65535:
         parser.error(f"--port must be at most 65535, got {opts.port}")
-    if opts.fault == "nccl-init-hang" and opts.tp < 2:
-        parser.error("--fault nccl-init-hang needs --tp 2 or more (a single-GPU server sets up no NCCL "
-                     "communicator)")
+    if opts.fault == "nccl-init-hang" and opts.tp * opts.nnodes < 2:
+        parser.error("--fault nccl-init-hang needs --tp 2 or more, or --nnodes 2 or more (a single-GPU server "
+                     "sets up no NCCL communicator)")
+    if opts.nnodes > 1 and (opts.master_addr is None or opts.master_port is None):
+        parser.error("--nnodes > 1 needs --master-addr and --master-port (where the head waits for the others)")
+    if opts.node_rank >= opts.nnodes:
+        parser.error(f"--node-rank {opts.node_rank} must be below --nnodes {opts.nnodes}")
     if opts.crash_after is not None and opts.fault != "crash":
         parser.error("--crash-after only applies to --fault crash")
     opts.crash_after = 5.0 if opts.crash_after is None else opts.crash_after

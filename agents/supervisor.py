@@ -250,10 +250,27 @@ class Deployment:
     load_task: asyncio.Task | None = None
     metrics_warned: bool = False
 
+    @property
+    def dist_port(self) -> int | None:
+        """The rendezvous port of a multi-node head (None on a single node or a non-head rank)."""
+        o = self.admitted.options
+        return o.master_port if o.nnodes > 1 and o.is_head else None
+
+    @property
+    def serves_api(self) -> bool:
+        return self.adapter.serves_api(self.admitted)
+
     def saved(self) -> dict:
         return {"deployment": self.id, "launch": self.launch.model_dump(mode="json"), "pid": self.child.pid,
                 "start_ticks": self.child.ticks, "port": self.port, "argv_hash": self.argv_hash,
-                "state": self.state, "progress": self.progress, "log": str(self.log.path)}
+                "state": self.state, "progress": self.progress, "log": str(self.log.path),
+                "dist_port": self.dist_port}
+
+
+def _with_saved_rendezvous(launch: Launch, dist_port: object) -> Launch:
+    if dist_port is None or launch.options.master_port is not None:
+        return launch
+    return launch.model_copy(update={"options": launch.options.model_copy(update={"master_port": int(dist_port)})})
 
 
 def served_anything(counters: ServerCounters) -> bool:
@@ -326,6 +343,9 @@ class Supervisor:
         if current is None or current.finished:
             self.emit_status(deployment, "stopped", detail="not running on this node")
             return
+        if current.child.exited():  # it died before the stop came: that is a failure, not a stop
+            self._finish(current)
+            return
         await self._terminate(current)
         self._finish(current)
 
@@ -351,6 +371,7 @@ class Supervisor:
     # ---- starting and ending processes ----
     def _spawn(self, launch: Launch, admitted: Launch, adapter: Adapter) -> Deployment | None:
         port = self._free_port()
+        admitted = self._with_rendezvous_port(admitted, port)
         argv = adapter.argv(admitted, port, self.host)
         env = child_environment(adapter.env(admitted, port, self.host))
         logfile = LogFile(self.run_dir / f"{launch.deployment}.log", self.log_max_bytes, self.log_backups)
@@ -403,8 +424,17 @@ class Supervisor:
         headline = current.failure or describe_exit(code)
         self._report(current, exit_code=code, detail=exit_detail(headline, current.log.tail(TAIL_LINES)))
 
-    def _free_port(self) -> int:
-        taken = {d.port for d in self.deployments.values() if not d.finished}
+    def _with_rendezvous_port(self, admitted: Launch, api_port: int) -> Launch:
+        """A multi-node head listens for the other nodes on a port of its own choosing, reported as dist_port."""
+        o = admitted.options
+        if o.nnodes == 1 or not o.is_head or o.master_port is not None:
+            return admitted
+        options = o.model_copy(update={"master_port": self._free_port(also_taken={api_port})})
+        return admitted.model_copy(update={"options": options})
+
+    def _free_port(self, also_taken: set[int] | None = None) -> int:
+        taken = {d.port for d in self.deployments.values() if not d.finished} | (also_taken or set())
+        taken |= {d.dist_port for d in self.deployments.values() if not d.finished and d.dist_port}
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         for _ in range(50):
             with socket.socket(family, socket.SOCK_STREAM) as sock:
@@ -431,7 +461,9 @@ class Supervisor:
         if current.child.exited():
             self._finish(current)
             return
-        if current.load_task is not None:
+        if not current.serves_api:
+            pass  # a non-head rank of a multi-node launch: alive or not is all there is to see
+        elif current.load_task is not None:
             await self._check_load(current)
         elif current.state in ("launching", "loading"):
             await self._probe_health(current)
@@ -516,6 +548,8 @@ class Supervisor:
 
     def _report(self, current: Deployment, **fields) -> None:
         fields.setdefault("progress", current.progress)
+        if current.dist_port is not None:
+            fields["dist_port"] = current.dist_port
         self.emit_status(current.id, current.state, port=current.port, pid=current.child.pid, **fields)
 
     def _state_path(self, deployment: str) -> Path:
@@ -557,6 +591,7 @@ class Supervisor:
             launch = Launch.model_validate(saved["launch"])
             child = Child(int(saved["pid"]), saved["start_ticks"])
             port, state = int(saved["port"]), saved["state"]
+            admitted = _with_saved_rendezvous(launch, saved.get("dist_port"))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.error("ignoring unreadable deployment state %s: %s", path, exc)
             path.unlink(missing_ok=True)
@@ -567,7 +602,7 @@ class Supervisor:
             return None
         logfile = LogFile(self.run_dir / f"{launch.deployment}.log", self.log_max_bytes, self.log_backups)
         logfile.offset = logfile.size()  # lines printed while the agent was down stay in the file
-        return Deployment(launch.deployment, launch, launch, adapter, port, saved.get("argv_hash", ""), child,
+        return Deployment(launch.deployment, launch, admitted, adapter, port, saved.get("argv_hash", ""), child,
                           logfile, state=state, progress=saved.get("progress"))
 
     async def close(self) -> None:

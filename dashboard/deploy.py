@@ -3,6 +3,7 @@ launch command an agent receives. Plain functions over the models; views and tas
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.db import transaction
@@ -10,7 +11,7 @@ from django.db import transaction
 from agents import protocol
 from dashboard.choices import DeploymentState, PlanStatus
 from dashboard.fleet import latest_samples
-from dashboard.models import Deployment, Node, PlanRequest
+from dashboard.models import Deployment, DeploymentMember, Node, PlanRequest
 from placement import PlacementError, Request, load_cluster, load_model, plan
 from placement.spec import spec_from_hf_config
 
@@ -88,34 +89,45 @@ def request_model(row: PlanRequest):
 
 
 def desired_launches(node: Node) -> list[str]:
-    """Launch frames for every deployment that should be running on `node` (sent when its agent says hello)."""
+    """Launch frames for every deployment that should be running on `node` (sent when its agent says hello):
+    those it heads, and the multi-node ones it is a further member of (once their launch was sent)."""
     active = node.deployments.filter(state__in=DeploymentState.ACTIVE)
-    return [protocol.dump(d.launch_command()) for d in active]
+    members = node.deployment_members.filter(deployment__state__in=DeploymentState.ACTIVE, launch__isnull=False)
+    return [protocol.dump(d.launch_command()) for d in active] + [json.dumps(m.launch) for m in members]
 
 
 # Simulated nodes have no GPUs to run vLLM on: a GGUF plan runs on the real llama.cpp engine on the CPU
-# (llama-cpp-python), anything else on the simulated backend at the rate the planner predicted.
-def runtime_backend(plan_backend: str, node: Node, model_ref: str) -> str:
+# (llama-cpp-python), anything else (and anything across nodes) on the simulated backend at the rate the
+# planner predicted.
+def runtime_backend(plan_backend: str, node: Node, model_ref: str, multi_node: bool = False) -> str:
     if not node.simulated:
         return plan_backend
-    if plan_backend in ("llama.cpp", "ollama") and model_ref.lower().endswith(".gguf"):
+    if plan_backend in ("llama.cpp", "ollama") and model_ref.lower().endswith(".gguf") and not multi_node:
         return "llama-cpp-python"
     return "simulated"
+
+
+MULTI_NODE_BACKENDS = ("vllm", "sglang", "simulated")
 
 
 FORWARDED_ENV = set(protocol.EnvName.__args__)
 
 
 def launch_for(deployment_id: str, plan: dict[str, Any], node: Node, model_ref: str) -> protocol.Launch:
-    """The agent command for a chosen single-node plan. Raises DeployError for what cannot be sent."""
-    if "nodes" in plan:
-        raise DeployError("multi-node plans cannot be deployed from layercake yet; run the plan's commands by hand")
-    backend = runtime_backend(plan["backend"], node, model_ref)
+    """The agent command for a chosen plan (on a multi-node plan: the head's, `node`).
+    Raises DeployError for what cannot be sent."""
+    multi = "nodes" in plan
+    backend = runtime_backend(plan["backend"], node, model_ref, multi)
+    if multi and backend not in MULTI_NODE_BACKENDS:
+        raise DeployError(f"{plan['backend']} across nodes (llama.cpp RPC) cannot be launched by layercake: start "
+                          f"rpc-server on the other nodes and run the plan's commands by hand")
     env = {k: str(v) for k, v in (plan.get("env") or {}).items() if k in FORWARDED_ENV}
     model = model_ref if backend != "simulated" else _served_name(model_ref)
+    gpus = plan["gpus"][node.name] if multi else plan["gpus"]
+    options = launch_options(plan, backend, node if multi else None)
     try:
         return protocol.Launch(type="launch", v=1, deployment=deployment_id, backend=backend, model=model,
-                               gpus=plan["gpus"], options=launch_options(plan, backend), env=env)
+                               gpus=gpus, options=options, env=env)
     except ValueError as exc:
         raise DeployError(f"this plan cannot be sent to the agent: {exc}") from None
 
@@ -124,10 +136,12 @@ def _served_name(model_ref: str) -> str:
     return model_ref.rstrip("/").rsplit("/", 1)[-1] or model_ref
 
 
-def launch_options(plan: dict[str, Any], backend: str) -> protocol.LaunchOptions:
+def launch_options(plan: dict[str, Any], backend: str, head: Node | None = None) -> protocol.LaunchOptions:
     s = plan.get("settings", {})
     options: dict[str, Any] = {"tp": plan.get("tp", 1), "pp": plan.get("pp", 1),
                                "max_model_len": s.get("max_model_len")}
+    if head is not None:
+        options.update(nnodes=len(plan["nodes"]), node_rank=0, master_addr=head_address(head))
     if backend in ("vllm", "sglang"):
         options["gpu_memory_utilization"] = s.get("gpu_memory_utilization") or s.get("mem_fraction_static")
         if s.get("kv_cache_dtype") not in (None, "auto"):
@@ -139,7 +153,27 @@ def launch_options(plan: dict[str, Any], backend: str) -> protocol.LaunchOptions
     if backend == "simulated":
         options["sim_tokens_per_s"] = max(1.0, float(plan.get("decode_tok_s") or 20.0))
         options["served_model_name"] = None
-    return protocol.LaunchOptions(**{k: v for k, v in options.items() if v is not None})
+    try:
+        return protocol.LaunchOptions(**{k: v for k, v in options.items() if v is not None})
+    except ValueError as exc:
+        raise DeployError(f"this plan cannot be sent to the agent: {exc}") from None
+
+
+def head_address(node: Node) -> str:
+    if not node.reach_address:
+        raise DeployError(f"node {node.name} has no address the other nodes could reach it at: set one in the admin")
+    return node.reach_address
+
+
+def plan_placements(plan: dict[str, Any]) -> list[tuple[str, list[int]]]:
+    """(node, GPU indices) for each node of a plan, the head first."""
+    if "nodes" in plan:
+        return [(name, plan["gpus"][name]) for name in plan["nodes"]]
+    return [(plan["node"], plan["gpus"])] if plan.get("node") else []
+
+
+def placement_text(plan: dict[str, Any]) -> str:
+    return " + ".join(f"{name} GPUs {','.join(map(str, gpus))}" for name, gpus in plan_placements(plan))
 
 
 def plan_needs_override(plan: dict[str, Any]) -> bool:
@@ -154,11 +188,82 @@ def create_deployment(row: PlanRequest, number: int, user, override_busy: bool =
         raise DeployError(f"plan {number + 1} does not exist for this request")
     if plan_needs_override(plan_data) and not override_busy:
         raise DeployError("this plan needs GPUs that are already in use; tick 'deploy onto busy GPUs' to override")
-    node = Node.objects.filter(name=plan_data.get("node")).first()
-    if node is None:
-        raise DeployError(f"node {plan_data.get('node')!r} is not in the fleet any more")
+    head, *others = plan_nodes(plan_data)
     deployment = Deployment(name=_served_name(row.model_ref), created_by=user, plan_request=row, plan=plan_data,
-                            node=node, override_busy=override_busy, launch={})
-    deployment.launch = launch_for(deployment.pk, plan_data, node, row.model_ref).model_dump()
+                            node=head, override_busy=override_busy, launch={})
+    deployment.launch = launch_for(deployment.pk, plan_data, head, row.model_ref).model_dump()
     deployment.save()
+    for rank, node in enumerate(others, start=1):
+        DeploymentMember.objects.create(deployment=deployment, node=node, rank=rank, gpus=plan_data["gpus"][node.name])
     return deployment
+
+
+def plan_nodes(plan_data: dict[str, Any]) -> list[Node]:
+    """The plan's nodes from the fleet, head first; all simulated or none (one backend runs on all of them)."""
+    names = plan_data.get("nodes") or [plan_data.get("node")]
+    found = {n.name: n for n in Node.objects.filter(name__in=names)}
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise DeployError(f"node {missing[0]!r} is not in the fleet any more")
+    nodes = [found[name] for name in names]
+    if len({n.simulated for n in nodes}) > 1:
+        raise DeployError("this plan mixes simulated and real nodes; they cannot run one server together")
+    return nodes
+
+
+# ---- multi-node: the head first, then the others join it ---------------------------------------------------
+def follow_head(deployment: Deployment, status: protocol.DeploymentStatus) -> None:
+    """A multi-node head that is up reports its rendezvous port; then the other nodes are launched to join it.
+    A head that failed takes the others down: they would wait for it in NCCL until a timeout."""
+    if status.state == DeploymentState.FAILED and deployment.desired == "running" and deployment.members.exists():
+        transaction.on_commit(lambda: _queue("stop_processes", deployment.pk))
+        return
+    if status.dist_port is None or status.state not in DeploymentState.ACTIVE or deployment.desired != "running":
+        return
+    if status.dist_port == deployment.dist_port:
+        return
+    deployment.dist_port = status.dist_port
+    deployment.save(update_fields=["dist_port"])
+    transaction.on_commit(lambda: _queue("launch_members", deployment.pk))
+
+
+def apply_member_status(deployment: Deployment, member: DeploymentMember, status: protocol.DeploymentStatus) -> None:
+    """A further node reported. Its failure fails the deployment, and the rest are stopped: a model split
+    across nodes cannot run with a node missing (the survivors would wait in NCCL until a timeout)."""
+    if deployment.desired == "stopped" and status.state not in (DeploymentState.STOPPED, DeploymentState.FAILED):
+        return
+    asked_to_stop = member.state == DeploymentState.STOPPING
+    member.apply_status(status)
+    if status.state != DeploymentState.FAILED or deployment.desired != "running" or asked_to_stop:
+        return
+    said = f"node {member.node.name} (rank {member.rank}) failed: {status.detail or 'no detail'}"
+    if deployment.state == DeploymentState.FAILED:  # the head noticed first (a lost peer breaks its NCCL)
+        deployment.move_to(DeploymentState.FAILED, f"{said}\n\nthe head: {deployment.detail}"[:8000])
+        return
+    deployment.move_to(DeploymentState.FAILED, said)
+    transaction.on_commit(lambda: _queue("stop_processes", deployment.pk))
+
+
+def member_commands(deployment: Deployment) -> list[tuple[DeploymentMember, list[str]]]:
+    """What to send each further node now that the head's port is known; a member already running this
+    launch gets nothing, one running an older launch (the head restarted) is stopped first."""
+    commands = []
+    for member in deployment.members.select_related("node"):
+        launch = deployment.member_launch(member).model_dump()
+        if member.launch == launch and member.is_active:
+            continue
+        frames = [stop_frame(deployment)] if member.is_active else []
+        member.launch = launch
+        member.move_to(DeploymentState.LAUNCHING, f"launch sent to {member.node.name}", launch=launch)
+        commands.append((member, [*frames, json.dumps(launch)]))
+    return commands
+
+
+def stop_frame(deployment: Deployment) -> str:
+    return protocol.dump(protocol.Stop(type="stop", v=1, deployment=deployment.pk))
+
+
+def _queue(task_name: str, deployment_id: str) -> None:
+    from dashboard import tasks  # tasks import this module
+
+    getattr(tasks, task_name).delay(deployment_id)

@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from agents.protocol import DeploymentStatus, Hello, LogTail, Metrics, Samples
 from agents.protocol import GpuSample as SampleMessage
+from dashboard import deploy
 from dashboard.models import Deployment, Gpu, GpuSample, Link, LogChunk, Node
 
 log = logging.getLogger(__name__)
@@ -179,14 +180,28 @@ def store_batch(batch: list[Pending]) -> None:
 
 def apply_report(node_id: int, report: DeploymentStatus | Metrics) -> dict | None:
     """A deployment status or metrics report from an agent, applied in sequence order with the samples."""
-    deployment = Deployment.objects.filter(pk=report.deployment, node_id=node_id).first()
+    deployment = Deployment.objects.filter(pk=report.deployment).first()
+    if deployment is not None and deployment.node_id != node_id:
+        return _apply_member_report(deployment, node_id, report)
     if deployment is None:
         log.warning("node %s reported on unknown deployment %s", node_id, report.deployment)
         return None
     if isinstance(report, DeploymentStatus):
         deployment.apply_status(report)
+        deploy.follow_head(deployment, report)
     else:
         deployment.record_metrics(report.t, report.counters)
+    return deployment_summary(deployment)
+
+
+def _apply_member_report(deployment: Deployment, node_id: int, report: DeploymentStatus | Metrics) -> dict | None:
+    """A further node of a multi-node deployment; it serves no API, so only its status counts."""
+    member = deployment.members.filter(node_id=node_id).select_related("node").first()
+    if member is None:
+        log.warning("node %s reported on deployment %s, which does not run there", node_id, deployment.pk)
+        return None
+    if isinstance(report, DeploymentStatus):
+        deploy.apply_member_status(deployment, member, report)
     return deployment_summary(deployment)
 
 

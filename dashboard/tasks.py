@@ -60,6 +60,19 @@ def launch_deployment(deployment_id: str) -> str:
     return deployment.state
 
 
+@shared_task(ignore_result=False, acks_late=True, autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def launch_members(deployment_id: str) -> int:
+    """Multi-node: the head reported its rendezvous port; launch the other nodes to join it."""
+    deployment = Deployment.objects.select_related("node").get(pk=deployment_id)
+    if deployment.desired != "running" or deployment.dist_port is None:
+        return 0
+    commands = deploy.member_commands(deployment)
+    for member, frames in commands:
+        for frame in frames:
+            send_to_node(member.node_id, frame)
+    return len(commands)
+
+
 @shared_task(ignore_result=False, acks_late=True)
 def stop_deployment(deployment_id: str) -> str:
     deployment = Deployment.objects.select_related("node").get(pk=deployment_id)
@@ -67,8 +80,20 @@ def stop_deployment(deployment_id: str) -> str:
         deployment.move_to(DeploymentState.STOPPED, "stopped by the operator", desired="stopped")
     else:
         deployment.move_to(DeploymentState.STOPPING, "stop sent to the agent", desired="stopped")
-    send_to_agent(deployment, protocol.dump(protocol.Stop(type="stop", v=1, deployment=deployment.pk)))
+    stop_processes(deployment_id)
     return deployment.state
+
+
+@shared_task(ignore_result=False, acks_late=True)
+def stop_processes(deployment_id: str) -> int:
+    """Stop the deployment's server on every node it runs on, the head first."""
+    deployment = Deployment.objects.select_related("node").get(pk=deployment_id)
+    frame = deploy.stop_frame(deployment)
+    send_to_agent(deployment, frame)
+    members = list(deployment.members.all())
+    for member in members:
+        send_to_node(member.node_id, frame)
+    return 1 + len(members)
 
 
 @shared_task(ignore_result=False, acks_late=True)
@@ -77,16 +102,23 @@ def restart_deployment(deployment_id: str) -> str:
     deployment.move_to(DeploymentState.LAUNCHING, "restart sent to the agent", exit_code=None, progress=None,
                        desired="running")
     send_to_agent(deployment, protocol.dump(protocol.Restart(type="restart", v=1, deployment=deployment.pk)))
+    for member in deployment.members.select_related("node"):  # they rejoin the new head once it reports its port
+        member.move_to(DeploymentState.STOPPING, "stopped for the restart")
+        send_to_node(member.node_id, deploy.stop_frame(deployment))
     return deployment.state
 
 
 def send_to_agent(deployment: Deployment, frame: str) -> None:
-    """Hand a command to the node's agent (if it is connected; on reconnect it gets its launches again)."""
+    """Hand a command to the head node's agent (if it is connected; on reconnect it gets its launches again)."""
+    send_to_node(deployment.node_id, frame)
+    async_to_sync(announce_deployment)(deployment_summary(deployment))
+
+
+def send_to_node(node_id: int, frame: str) -> None:
     from channels.layers import get_channel_layer
 
     layer = get_channel_layer()
-    async_to_sync(layer.group_send)(agent_group(deployment.node_id), {"type": "agent.command", "frame": frame})
-    async_to_sync(announce_deployment)(deployment_summary(deployment))
+    async_to_sync(layer.group_send)(agent_group(node_id), {"type": "agent.command", "frame": frame})
 
 
 @shared_task(ignore_result=True)

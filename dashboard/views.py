@@ -56,18 +56,21 @@ def plan_fragment(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def plans_context(row: PlanRequest) -> dict:
-    nodes = {n.name: n for n in Node.objects.filter(name__in=_plan_nodes(row))}
-    for p in (row.result or {}).get("plans", []):
+    plans = (row.result or {}).get("plans", [])
+    nodes = {n.name: n for n in Node.objects.filter(name__in={name for p in plans for name, _ in
+                                                               deploy.plan_placements(p)})}
+    for p in plans:
         for b in p.get("breakdown", []):
             b["other_gib"] = max(0.0, b["total_gib"] - b["weights_gib"] - b.get("kv_cache_gib", 0.0))
-    plans = [{"number": i, "plan": p, "grid": fleet.topology_grid(nodes[p["node"]], set(p["gpus"]))
-              if p.get("node") in nodes else None, "needs_override": deploy.plan_needs_override(p)}
-             for i, p in enumerate((row.result or {}).get("plans", []))]
-    return {"row": row, "plans": plans, "rejected": (row.result or {}).get("rejected", [])}
+    items = [{"number": i, "plan": p, "where": deploy.placement_text(p), "grids": _grids(p, nodes),
+              "needs_override": deploy.plan_needs_override(p)} for i, p in enumerate(plans)]
+    return {"row": row, "plans": items, "rejected": (row.result or {}).get("rejected", [])}
 
 
-def _plan_nodes(row: PlanRequest) -> set[str]:
-    return {p.get("node") for p in (row.result or {}).get("plans", []) if p.get("node")}
+def _grids(plan: dict, nodes: dict[str, Node]) -> list[dict]:
+    grids = [(name, fleet.topology_grid(nodes[name], set(gpus)))
+             for name, gpus in deploy.plan_placements(plan) if name in nodes]
+    return [{"node": name, **grid} for name, grid in grids if grid is not None]
 
 
 @login_required
@@ -94,7 +97,8 @@ def deployment_page(request: HttpRequest, pk: str) -> HttpResponse:
     deployment = get_object_or_404(Deployment.objects.select_related("node"), pk=pk)
     context = {"d": deployment, "events": deployment.events.all(), "log_lines": fleet.log_tail(deployment),
                "metrics": fleet.metric_history(deployment, minutes=15),
-               "gpu_history": fleet.gpu_history(deployment.node, minutes=15, indices=deployment.plan.get("gpus"))}
+               "members": deployment.members.select_related("node"),
+               "gpu_history": fleet.gpu_history(deployment.node, minutes=15, indices=deployment.launch.get("gpus"))}
     return render(request, "dashboard/deployment.html", context)
 
 

@@ -122,3 +122,15 @@ def browser():
 
 
 PYTHON = sys.executable
+
+
+@pytest.fixture
+def operator(live_stack, alice):
+    """Alice logged in through the real login form, as an httpx client of the live server."""
+    import httpx
+
+    from tests.e2e import login
+
+    with httpx.Client(base_url=live_stack.url, timeout=30) as client:
+        login(client, "alice", "alice-pw-123")
+        yield client

@@ -15,16 +15,9 @@ import pytest
 
 from agents.testmodel import smollm2_path
 from dashboard.models import Deployment, PlanRequest
-from tests.e2e import csrf_post, login, node_with_token, start_agent, wait_until
+from tests.e2e import csrf_post, node_with_token, start_agent, wait_until
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def operator(live_stack, alice):
-    with httpx.Client(base_url=live_stack.url, timeout=30) as client:
-        login(client, "alice", "alice-pw-123")
-        yield client
 
 
 @pytest.fixture

@@ -40,7 +40,8 @@ class Adapter(ABC):
     executable_name: ClassVar[str]  # looked up on the agent's PATH; "" = this Python (sys.executable)
     model_is_path: ClassVar[bool] = True
     model_must_be_file: ClassVar[bool] = False
-    needs_gpu_per_rank: ClassVar[bool] = False  # tp * pp must equal the number of GPUs
+    needs_gpu_per_rank: ClassVar[bool] = False  # tp * pp must equal the number of GPUs (over all nodes)
+    multi_node: ClassVar[bool] = False  # can run one launch per node (nnodes > 1)
     health_path: ClassVar[str] = "/health"
     metrics_path: ClassVar[str | None] = "/metrics"
 
@@ -55,10 +56,18 @@ class Adapter(ABC):
 
     def check(self, launch: Launch) -> None:
         """Backend-specific layout checks; raise LaunchRefused."""
-        if self.needs_gpu_per_rank and launch.options.tp * launch.options.pp != len(launch.gpus):
-            o = launch.options
+        o = launch.options
+        if o.nnodes > 1 and not self.multi_node:
+            raise LaunchRefused(f"{self.name}: this agent cannot launch {self.name} across nodes (nnodes {o.nnodes}); "
+                                f"only vLLM, SGLang and the simulated backend run one launch per node")
+        if self.needs_gpu_per_rank and o.tp * o.pp != o.nnodes * len(launch.gpus):
+            nodes = f" on each of {o.nnodes} nodes" if o.nnodes > 1 else ""
             raise LaunchRefused(f"{self.name}: tp {o.tp} x pp {o.pp} = {o.tp * o.pp} ranks, but the launch names "
-                                f"{len(launch.gpus)} GPUs {launch.gpus}; each rank needs exactly one GPU")
+                                f"{len(launch.gpus)} GPUs {launch.gpus}{nodes}; each rank needs exactly one GPU")
+
+    def serves_api(self, launch: Launch) -> bool:
+        """Only the head of a multi-node launch answers HTTP; the other nodes run ranks and nothing else."""
+        return launch.options.is_head
 
     @abstractmethod
     def argv(self, launch: Launch, port: int, host: str = LOOPBACK) -> list[str]:

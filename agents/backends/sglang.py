@@ -11,6 +11,7 @@ class SglangAdapter(Adapter):
     name = "sglang"
     executable_name = "python3"
     needs_gpu_per_rank = True
+    multi_node = True
 
     def argv(self, launch: Launch, port: int, host: str = LOOPBACK) -> list[str]:
         o = launch.options
@@ -24,7 +25,15 @@ class SglangAdapter(Adapter):
         # SGLang's counterpart of vLLM's --enforce-eager is turning CUDA graphs off.
         argv += flag_options({"--disable-custom-all-reduce": o.disable_custom_all_reduce,
                         "--disable-cuda-graph": o.enforce_eager})
-        return argv
+        return argv + self.node_flags(launch)
+
+    @staticmethod
+    def node_flags(launch: Launch) -> list[str]:
+        o = launch.options
+        if o.nnodes == 1:
+            return []
+        return ["--nnodes", str(o.nnodes), "--node-rank", str(o.node_rank),
+                "--dist-init-addr", f"{o.master_addr}:{o.master_port}"]
 
     def loading_progress(self, line: str) -> float | None:
         return sglang_progress(line)

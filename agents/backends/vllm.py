@@ -11,6 +11,7 @@ class VllmAdapter(Adapter):
     name = "vllm"
     executable_name = "vllm"
     needs_gpu_per_rank = True
+    multi_node = True
 
     def argv(self, launch: Launch, port: int, host: str = LOOPBACK) -> list[str]:
         o = launch.options
@@ -21,7 +22,17 @@ class VllmAdapter(Adapter):
             "--kv-cache-dtype": o.kv_cache_dtype, "--dtype": o.dtype, "--served-model-name": o.served_model_name,
         })
         argv += flag_options({"--disable-custom-all-reduce": o.disable_custom_all_reduce, "--enforce-eager": o.enforce_eager})
-        return argv
+        return argv + self.node_flags(launch)
+
+    @staticmethod
+    def node_flags(launch: Launch) -> list[str]:
+        """vLLM's multiprocessing multi-node mode: every node runs `vllm serve`, the others --headless."""
+        o = launch.options
+        if o.nnodes == 1:
+            return []
+        flags = ["--nnodes", str(o.nnodes), "--node-rank", str(o.node_rank), "--master-addr", str(o.master_addr)]
+        flags += ["--master-port", str(o.master_port)] if o.master_port is not None else []
+        return flags + ([] if o.is_head else ["--headless"])
 
     def loading_progress(self, line: str) -> float | None:
         return vllm_progress(line)

@@ -83,6 +83,8 @@ class Deployment(models.Model):
     last_counters = models.JSONField(null=True, blank=True)
     last_counters_t = models.FloatField(null=True, blank=True)
     tokens_per_s = models.FloatField(null=True, blank=True)
+    # Multi-node: the port the head's rendezvous listens on, as its agent reported; the others join it.
+    dist_port = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created"]
@@ -105,6 +107,17 @@ class Deployment(models.Model):
 
     def launch_command(self) -> protocol.Launch:
         return protocol.Launch.model_validate(self.launch)
+
+    @property
+    def is_multi_node(self) -> bool:
+        return self.launch_command().options.nnodes > 1
+
+    def member_launch(self, member: DeploymentMember) -> protocol.Launch:
+        """The launch for one further node: the head's, with that node's rank, GPUs and the head's port."""
+        head = self.launch_command()
+        options = head.options.model_copy(update={"node_rank": member.rank, "master_port": self.dist_port})
+        data = {**head.model_dump(), "gpus": member.gpus, "options": options.model_dump()}
+        return protocol.Launch.model_validate(data)
 
     def move_to(self, state: str, detail: str = "", **fields: Any) -> None:
         """Change state (recording an event) and any reported fields; a repeated state records nothing.
@@ -129,6 +142,12 @@ class Deployment(models.Model):
         """The agent reported on this deployment's process."""
         if self.desired == "stopped" and status.state not in (DeploymentState.STOPPED, DeploymentState.FAILED):
             return  # a late report from a process the operator already stopped
+        if self.state == DeploymentState.FAILED and status.state == DeploymentState.STOPPED:
+            return  # stopped because another node of it failed: the failure is the news
+        if self.state == DeploymentState.FAILED == status.state and self.members.exists():
+            if "\n\nthe head: " not in self.detail:  # another node failed first: keep that, add the head's end
+                self.move_to(self.state, f"{self.detail}\n\nthe head: {status.detail}"[:8000])
+            return
         fields = {k: getattr(status, k) for k in ("port", "pid", "exit_code", "progress") if getattr(status, k) is not None}
         if status.progress is not None and status.progress != self.progress:
             fields["startup_progress_at"] = timezone.now()
@@ -174,6 +193,67 @@ def _metric_fields(r: dict[str, Any], counters: protocol.ServerCounters) -> dict
         "generation_tokens_total": counters.generation_tokens_total,
         "steps_total": counters.steps_total,
     }
+
+
+class DeploymentMember(models.Model):
+    """A further node of a multi-node deployment (rank 1 and up); the head (rank 0) is the Deployment itself.
+    Its launch is sent once the head has reported the port where the others join it."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="members")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="deployment_members")
+    rank = models.PositiveSmallIntegerField()
+    gpus = models.JSONField(help_text="GPU indices on this node")
+    launch = models.JSONField(null=True, blank=True, help_text="the launch sent to this node's agent")
+    state = models.CharField(max_length=10, choices=DeploymentState.choices(), default=DeploymentState.PLANNED)
+    state_since = models.DateTimeField(default=timezone.now)
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    detail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["deployment", "rank"]
+        constraints = [models.UniqueConstraint(fields=["deployment", "node"], name="member_unique_node"),
+                       models.UniqueConstraint(fields=["deployment", "rank"], name="member_unique_rank")]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id} rank {self.rank} on {self.node.name}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in DeploymentState.ACTIVE
+
+    def shown_state(self) -> str:
+        """A rank that serves no API cannot say it is ready: it is, once the head (which waits for it) is."""
+        head = self.deployment.state
+        if self.state in (DeploymentState.LAUNCHING, DeploymentState.LOADING) and head in (
+                DeploymentState.READY, DeploymentState.SERVING):
+            return head
+        return self.state
+
+    def state_label(self) -> str:
+        return DeploymentState.label(self.shown_state())
+
+    def state_color(self) -> str:
+        return DeploymentState.color(self.shown_state())
+
+    def move_to(self, state: str, detail: str = "", **fields: Any) -> None:
+        """Like Deployment.move_to: only these columns are written; a change is recorded on the deployment."""
+        changed = state != self.state
+        for name, value in fields.items():
+            setattr(self, name, value)
+        written = set(fields) | ({"state", "state_since"} if changed else set()) | ({"detail"} if detail else set())
+        if changed:
+            self.state, self.state_since = state, timezone.now()
+        self.detail = detail or self.detail
+        if written:
+            self.save(update_fields=sorted(written))
+        if changed:
+            DeploymentEvent.objects.create(deployment=self.deployment, state=state,
+                                           detail=f"{self.node.name} (rank {self.rank}): {detail or state}")
+
+    def apply_status(self, status: protocol.DeploymentStatus) -> None:
+        fields = {k: getattr(status, k) for k in ("pid", "exit_code") if getattr(status, k) is not None}
+        self.move_to(status.state, status.detail, **fields)
 
 
 class DeploymentEvent(models.Model):
