@@ -184,6 +184,46 @@ def test_it_accepts_an_absolute_path_inside_the_model_dirs(bin_dir, models):
     assert argv[2] == str(models / "qwen2.5-7b")
 
 
+# ---- one launch per node -----------------------------------------------------------------------------------
+HEAD = {"tp": 2, "pp": 2, "nnodes": 2, "node_rank": 0, "master_addr": "10.0.0.5", "master_port": 29517}
+
+
+def test_it_builds_vllm_multiprocessing_multi_node_commands_headless_off_the_head(bin_dir, models):
+    head = argv_for(models, gpus=[0, 1], options=HEAD)
+    other = argv_for(models, gpus=[0, 1], options={**HEAD, "node_rank": 1})
+    flags = ["--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.5", "--master-port", "29517"]
+    assert head[-8:] == flags and "--headless" not in head
+    assert other[-9:] == [*flags[:3], "1", *flags[4:], "--headless"]
+
+
+def test_it_builds_sglang_multi_node_commands_with_the_dist_init_address(bin_dir, models):
+    argv = argv_for(models, backend="sglang", gpus=[0, 1], options={**HEAD, "node_rank": 1})
+    assert argv[-6:] == ["--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.5:29517"]
+
+
+def test_it_runs_the_simulated_backend_across_nodes(models):
+    argv = argv_for(models, backend="simulated", model="m", gpus=[0, 1],
+                    options={**HEAD, "node_rank": 1, "sim_tokens_per_s": 5})
+    assert argv[-8:] == ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.5", "--master-port", "29517"]
+
+
+def test_it_only_serves_the_api_on_the_head():
+    assert ADAPTERS["vllm"].serves_api(launch(gpus=[0, 1], options=HEAD))
+    assert not ADAPTERS["vllm"].serves_api(launch(gpus=[0, 1], options={**HEAD, "node_rank": 1}))
+
+
+@pytest.mark.parametrize(("over", "words"), [
+    ({"node_rank": 2}, "node_rank 2 must be below nnodes 2"),
+    ({"master_addr": None}, "needs master_addr"),
+    ({"node_rank": 1, "master_port": None}, "needs master_port"),
+    ({"master_addr": "10.0.0.5; reboot"}, "master_addr"),
+    ({"master_addr": "-oProxyCommand"}, "master_addr"),
+])
+def test_it_refuses_multi_node_options_that_do_not_add_up(over, words):
+    with pytest.raises(protocol.ProtocolError, match=words):
+        launch(gpus=[0, 1], options={**HEAD, **over})
+
+
 # ---- refusals --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("over", "words"), [
     ({"model": "../outside/secret.gguf", "backend": "llama.cpp"}, "outside the allowed model directories"),
@@ -202,6 +242,11 @@ def test_it_accepts_an_absolute_path_inside_the_model_dirs(bin_dir, models):
     ({"backend": "simulated", "model": "m"}, "sim_tokens_per_s is required"),
     ({"backend": "simulated", "model": "m", "options": {"sim_tokens_per_s": 5, "sim_fault": "nccl-init-hang"}},
      "needs tp >= 2"),
+    ({"gpus": [0, 1, 2, 3], "options": HEAD}, "tp 2 x pp 2 = 4 ranks, but the launch names 4 GPUs [0, 1, 2, 3] on "
+     "each of 2 nodes"),
+    ({"backend": "llama.cpp", "model": "llama-70b.Q4_K_M.gguf", "gpus": [0, 1], "options": HEAD},
+     "cannot launch llama.cpp across nodes"),
+    ({"backend": "ollama", "model": "llama3", "gpus": [0, 1], "options": HEAD}, "cannot launch ollama across nodes"),
 ])
 def test_it_refuses_launches_that_break_the_node_rules(bin_dir, models, over, words):
     command = launch(**over)

@@ -7,7 +7,7 @@ import pytest
 from agents import protocol
 from dashboard import deploy, tasks
 from dashboard.choices import DeploymentState, PlanStatus
-from dashboard.models import Deployment, PlanRequest
+from dashboard.models import Deployment, Node, PlanRequest
 from placement import load_cluster
 from tests.personas import seed_server, sim_node
 
@@ -134,3 +134,89 @@ def test_it_keeps_a_concurrent_change_when_the_state_moves(alice):
     deployment.move_to(DeploymentState.LAUNCHING, "launch sent")
     deployment.refresh_from_db()
     assert (deployment.state, deployment.stall_window_s) == ("launching", 5.0)
+
+
+# ---- multi-node ------------------------------------------------------------------------------------------
+def twin_boxes() -> list:
+    nodes = [sim_node(name, "sim:rtx4090x2") for name in ("box-a", "box-b")]
+    Node.objects.update(address="10.0.0.5")
+    return nodes
+
+
+def status(deployment_id: str, state: str, **fields) -> protocol.DeploymentStatus:
+    return protocol.DeploymentStatus(type="deployment", v=1, seq=1, t=1.0, deployment=deployment_id, state=state,
+                                     **fields)
+
+
+def across_both(alice) -> Deployment:
+    twin_boxes()
+    row = planned("Qwen3-VL-32B-Instruct", backend="vllm", max_model_len=8192)
+    assert "nodes" in row.result["plans"][0], row.result["plans"][0]
+    return deploy.create_deployment(row, 0, alice)
+
+
+def test_it_makes_a_head_launch_and_a_member_per_further_node(alice):
+    deployment = across_both(alice)
+    plan, head = deployment.plan, deployment.launch_command()
+    (member,) = deployment.members.all()
+    assert [deployment.node.name, member.node.name] == plan["nodes"] and member.rank == 1
+    assert head.gpus == plan["gpus"][plan["nodes"][0]] and member.gpus == plan["gpus"][plan["nodes"][1]]
+    o = head.options
+    assert (o.nnodes, o.node_rank, o.master_addr, o.master_port) == (2, 0, "10.0.0.5", None)
+    assert member.launch is None  # it waits for the head's rendezvous port
+
+
+def test_it_launches_the_other_nodes_once_the_head_reports_its_port(alice, settings, django_capture_on_commit_callbacks):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    deployment = across_both(alice)
+    with django_capture_on_commit_callbacks() as queued:
+        deployment.apply_status(status(deployment.pk, "loading"))
+        deploy.follow_head(deployment, status(deployment.pk, "loading"))
+    assert queued == []  # no port yet
+    deployment.apply_status(status(deployment.pk, "loading", dist_port=29517))
+    deploy.follow_head(deployment, status(deployment.pk, "loading", dist_port=29517))
+    assert tasks.launch_members(deployment.pk) == 1
+    member = deployment.members.get()
+    launch = protocol.Launch.model_validate(member.launch)
+    assert (launch.options.node_rank, launch.options.master_port, member.state) == (1, 29517, "launching")
+    assert tasks.launch_members(deployment.pk) == 0  # sent once, however often the task runs
+    deployment.move_to(DeploymentState.SERVING)
+    assert json.loads(deploy.desired_launches(member.node)[0]) == member.launch
+    # it serves no API: it is up once the head that waits for it is
+    assert (member.state, member.shown_state()) == ("launching", "serving")
+
+
+def test_it_fails_the_deployment_when_another_node_fails_but_not_when_it_was_asked_to_stop(alice):
+    deployment = across_both(alice)
+    member = deployment.members.select_related("node").get()
+    member.move_to(DeploymentState.STOPPING, "stopped for the restart")
+    deploy.apply_member_status(deployment, member, status(deployment.pk, "failed", exit_code=1, detail="peer lost"))
+    deployment.refresh_from_db()
+    assert deployment.state == DeploymentState.PLANNED
+    member.move_to(DeploymentState.LOADING)
+    deploy.apply_member_status(deployment, member, status(deployment.pk, "failed", exit_code=-9, detail="SIGKILL"))
+    deployment.refresh_from_db()
+    assert deployment.state == DeploymentState.FAILED and deployment.detail == "node box-b (rank 1) failed: SIGKILL"
+    deployment.apply_status(status(deployment.pk, "failed", exit_code=1, detail="NCCL error"))
+    deployment.apply_status(status(deployment.pk, "stopped"))
+    deployment.refresh_from_db()
+    assert deployment.state == DeploymentState.FAILED
+    assert deployment.detail == "node box-b (rank 1) failed: SIGKILL\n\nthe head: NCCL error"
+
+
+def test_it_refuses_llama_cpp_rpc_across_real_nodes(alice):
+    twin_boxes()
+    Node.objects.update(simulated=False)
+    row = planned("Qwen3-VL-32B-Instruct", backend="llama.cpp", max_model_len=8192)
+    plan = next(i for i, p in enumerate(row.result["plans"]) if "nodes" in p)
+    with pytest.raises(deploy.DeployError, match="rpc-server"):
+        deploy.create_deployment(row, plan, alice)
+    assert not Deployment.objects.exists()
+
+
+def test_it_refuses_a_plan_over_simulated_and_real_nodes(alice):
+    twin_boxes()
+    Node.objects.filter(name="box-b").update(simulated=False)
+    row = planned("Qwen3-VL-32B-Instruct", backend="vllm", max_model_len=8192)
+    with pytest.raises(deploy.DeployError, match="mixes simulated and real"):
+        deploy.create_deployment(row, 0, alice)

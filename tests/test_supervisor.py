@@ -425,3 +425,53 @@ async def test_it_runs_the_real_simulated_backend_through_the_production_adapter
     assert progress[0] == 0.0 and progress[-1] == 1.0 and any(0 < p < 1 for p in progress)
     await supervisor.handle(protocol.Stop(type="stop", v=1, deployment="sim-1"))
     assert recorder.last("sim-1")[0] == "stopped"
+
+
+# ---- one launch per node ----------------------------------------------------------------------------------
+class MultiNodeStub(StubAdapter):
+    multi_node = True
+
+
+def node_launch(rank: int, master_port: int | None = None) -> protocol.Launch:
+    options = {"nnodes": 2, "node_rank": rank, "master_addr": "127.0.0.1", "master_port": master_port}
+    command = {**stub_launch().model_dump(), "options": options}
+    return protocol.parse_server_command(json.dumps(command))
+
+
+@pytest.mark.asyncio
+async def test_it_picks_and_reports_the_heads_rendezvous_port_and_keeps_it_across_agent_restarts(run_dir, recorder):
+    before = make_supervisor(run_dir, recorder, MultiNodeStub())
+    head = await launch_until_ready(before, node_launch(0))
+    dist_port = head.dist_port
+    assert dist_port and dist_port != head.port
+    assert all(fields.get("dist_port") == dist_port for _, _, fields in recorder.statuses)
+
+    after_recorder = Recorder()
+    assert await make_supervisor(run_dir, after_recorder, MultiNodeStub()).adopt() == ["dep-1"]
+    assert after_recorder.last("dep-1")[1]["dist_port"] == dist_port
+    await before.handle(protocol.Stop(type="stop", v=1, deployment="dep-1"))
+
+
+@pytest.mark.asyncio
+async def test_it_does_not_probe_a_rank_that_serves_no_api(run_dir, recorder):
+    supervisor = make_supervisor(run_dir, recorder, MultiNodeStub())
+    await supervisor.handle(node_launch(1, master_port=29555))
+    other = supervisor.deployments["dep-1"]
+    for _ in range(10):  # the stub answers /health, but a headless rank's is not its to give
+        await supervisor.poll()
+        await asyncio.sleep(INTERVAL)
+    assert other.state in ("launching", "loading") and "ready" not in recorder.states("dep-1")
+    assert "dist_port" not in recorder.last("dep-1")[1]
+    await supervisor.handle(protocol.Stop(type="stop", v=1, deployment="dep-1"))
+    assert recorder.last("dep-1")[0] == "stopped"
+
+
+@pytest.mark.asyncio
+async def test_it_reports_a_server_that_died_before_the_stop_arrived_as_failed(run_dir, recorder):
+    supervisor = make_supervisor(run_dir, recorder)
+    popen = (await launch_until_ready(supervisor)).child.popen
+    popen.kill()
+    popen.wait(timeout=5)
+    await supervisor.handle(protocol.Stop(type="stop", v=1, deployment="dep-1"))
+    state, fields = recorder.last("dep-1")
+    assert (state, fields["exit_code"]) == ("failed", -9)
