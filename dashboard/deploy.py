@@ -4,6 +4,7 @@ launch command an agent receives. Plain functions over the models; views and tas
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -11,7 +12,7 @@ from django.db import transaction
 from agents import protocol
 from dashboard.choices import DeploymentState, PlanStatus
 from dashboard.fleet import latest_samples
-from dashboard.models import Deployment, DeploymentMember, Node, PlanRequest
+from dashboard.models import Deployment, DeploymentEvent, DeploymentMember, Node, PlanRequest
 from placement import PlacementError, Request, load_cluster, load_model, plan
 from placement.spec import spec_from_hf_config
 
@@ -261,6 +262,32 @@ def member_commands(deployment: Deployment) -> list[tuple[DeploymentMember, list
 
 def stop_frame(deployment: Deployment) -> str:
     return protocol.dump(protocol.Stop(type="stop", v=1, deployment=deployment.pk))
+
+
+# ---- launches lost between the database and the agent --------------------------------------------------
+RESENT = "launch re-sent: no word from the agent for"
+
+
+def lost_launches(now: datetime, grace_s: float) -> tuple[list[Deployment], list[DeploymentMember]]:
+    """Heads and further nodes marked launching over `grace_s` ago that their agent has not reported on since
+    (it reports the server's pid once it starts one): a worker killed between marking and sending lost the
+    launch, and the broker gives the task back only after its visibility timeout."""
+    waiting = {"state": DeploymentState.LAUNCHING, "pid__isnull": True,
+               "state_since__lt": now - timedelta(seconds=grace_s)}
+    heads = Deployment.objects.filter(desired="running", **waiting).select_related("node")
+    members = DeploymentMember.objects.filter(deployment__desired="running", launch__isnull=False, **waiting)
+    return list(heads), list(members.select_related("node", "deployment"))
+
+
+def note_resent(target: Deployment | DeploymentMember, now: datetime) -> None:
+    """Say on the row that its launch goes out again. The state does not change, so move_to records no event:
+    the deployment's history gets one per launching spell here, not one per beat."""
+    detail = f"{RESENT} {(now - target.state_since).total_seconds():.0f} s"
+    target.move_to(DeploymentState.LAUNCHING, detail)
+    who = "" if isinstance(target, Deployment) else f"{target.node.name} (rank {target.rank}): "
+    deployment = target.deployment if who else target
+    if not deployment.events.filter(t__gte=target.state_since, detail__startswith=who + RESENT).exists():
+        DeploymentEvent.objects.create(deployment=deployment, state=DeploymentState.LAUNCHING, detail=who + detail)
 
 
 def _queue(task_name: str, deployment_id: str) -> None:
