@@ -144,7 +144,7 @@ class Agent:
     # A simulated node has no real GPUs for the server to fill: show what the real ones would (memory held
     # by the server's KV pool, utilization while it generates), so downstream sees what it would see.
     def reflect_on_simulated_gpus(self, deployment: str, state: str) -> None:
-        launch = self.launches.get(deployment)
+        launch = self.launch_of(deployment)
         if launch is None or not hasattr(self.source, "set_load"):
             return
         totals = {g.index: g.memory_total_mib for g in self.source.inventory()}
@@ -154,9 +154,16 @@ class Agent:
                 self.source.clear_load(index)
             elif state in ("loading", "ready"):
                 self.source.set_load(index, util=5.0, mem_used_mib=fraction * totals[index])
+            elif state == "serving":  # re-attached after an agent restart: the KV pool is still held
+                self.source.set_load(index, mem_used_mib=fraction * totals[index])
+
+    def launch_of(self, deployment: str) -> protocol.Launch | None:
+        """The launch a deployment runs: as received, or as re-attached from the supervisor's state file."""
+        running = self.supervisor.deployments.get(deployment) if self.supervisor is not None else None
+        return running.launch if running is not None else self.launches.get(deployment)
 
     def reflect_generation(self, deployment: str, generated: float | None) -> None:
-        launch = self.launches.get(deployment)
+        launch = self.launch_of(deployment)
         if launch is None or generated is None or not hasattr(self.source, "set_load"):
             return
         moving = generated > self.generated.get(deployment, generated)

@@ -475,3 +475,21 @@ async def test_it_reports_a_server_that_died_before_the_stop_arrived_as_failed(r
     await supervisor.handle(protocol.Stop(type="stop", v=1, deployment="dep-1"))
     state, fields = recorder.last("dep-1")
     assert (state, fields["exit_code"]) == ("failed", -9)
+
+
+@pytest.mark.asyncio
+async def test_it_shows_a_reattached_servers_memory_on_the_simulated_gpus(run_dir, recorder):
+    from agents.gpus import make_source
+    from agents.runner import Agent
+
+    launch = stub_launch()
+    before = make_supervisor(run_dir, recorder)
+    await launch_until_ready(before, launch)
+    agent = Agent("http://127.0.0.1:9", "token", make_source("sim:a30x4,workload=idle,seed=1"), run_dir=run_dir,
+                  model_dirs=[run_dir.parent / "models"])
+    agent.supervisor.adapters["simulated"] = StubAdapter()
+    total = agent.source.inventory()[0].memory_total_mib
+    assert agent.source.sample()[0].mem_used_mib < 0.5 * total  # idle before the agent knows of the server
+    assert await agent.supervisor.adopt() == ["dep-1"]
+    assert agent.source.sample()[0].mem_used_mib == pytest.approx(0.9 * total, rel=0.01)
+    await before.handle(protocol.Stop(type="stop", v=1, deployment="dep-1"))
