@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import OuterRef, Subquery
@@ -37,10 +37,14 @@ def _point(sample: GpuSample | None) -> list[float | None] | None:
     return gpu_point(sample) if sample else None
 
 
-def gpu_history(node: Node, minutes: int, indices: list[int] | None = None) -> dict[str, list[list[float]]]:
-    """Per GPU id: [[unix_ms, util, mem_used_mib, temp, power], ...] for the node page's charts."""
+def gpu_history(node: Node, minutes: int, indices: list[int] | None = None,
+                after: datetime | None = None) -> dict[str, list[list[float]]]:
+    """Per GPU id: [[unix_ms, util, mem_used_mib, temp, power], ...] for the node page's charts;
+    `after`: only the samples newer than that (a page that reconnects fills its gap)."""
     since = timezone.now() - timedelta(minutes=minutes)
     rows = GpuSample.objects.filter(gpu__node=node, t__gte=since).order_by("t")
+    if after is not None:
+        rows = rows.filter(t__gt=after)
     if indices is not None:
         rows = rows.filter(gpu__index__in=indices)
     history: dict[str, list[list[float]]] = {}

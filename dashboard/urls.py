@@ -5,6 +5,7 @@ from dashboard import alert_views, views
 urlpatterns = [
     path("", views.fleet_page, name="fleet"),
     path("nodes/<str:name>/", views.node_page, name="node"),
+    path("nodes/<str:name>/history.json", views.node_history, name="node-history"),
     path("deploy/", views.deploy_page, name="deploy"),
     path("deploy/plans/<int:pk>/", views.plan_page, name="plan"),
     path("deploy/plans/<int:pk>/fragment/", views.plan_fragment, name="plan-fragment"),

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
@@ -28,6 +30,17 @@ def node_page(request: HttpRequest, name: str) -> HttpResponse:
         "legend": fleet.link_legend(),
     }
     return render(request, "dashboard/node.html", context)
+
+
+@login_required
+def node_history(request: HttpRequest, name: str) -> HttpResponse:
+    """The node page's chart points after `after` (unix ms): what a page missed while its socket was down."""
+    node = get_object_or_404(Node, name=name)
+    try:
+        after = datetime.fromtimestamp(float(request.GET.get("after", "0")) / 1000, tz=UTC)
+    except (ValueError, OverflowError, OSError):
+        return JsonResponse({"error": "after must be a time in unix milliseconds"}, status=400)
+    return JsonResponse(fleet.gpu_history(node, minutes=15, after=after))
 
 
 @login_required

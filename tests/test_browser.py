@@ -43,6 +43,36 @@ def test_it_shows_the_topology_grid_and_a_chart_receiving_points(live_stack, ali
         agent.stop()
 
 
+def test_it_fills_the_chart_gap_after_the_live_socket_reconnects(live_stack, alice, browser, log_dir):
+    node, token = node_with_token("a30-seed")
+    agent = start_agent(live_stack.url, token, "sim:a30x4", log_dir)
+    sockets = []
+
+    def through(ws) -> None:  # the page's socket goes through here, so the test can cut it
+        sockets.append(ws)
+        ws.connect_to_server()
+
+    try:
+        wait_until(lambda: node.gpus.count() == 4, what="agent hello")
+        page = browser.new_page()
+        page.route_web_socket("**/ws/fleet/", through)
+        login(page, live_stack.url)
+        page.goto(f"{live_stack.url}/nodes/{node.name}/")
+        page.wait_for_function("window.layercakePoints >= 2", timeout=15000)
+        sockets[-1].close()
+        page.wait_for_function("document.getElementById('live-status').textContent !== 'live'", timeout=5000)
+        page.wait_for_timeout(2500)  # the agent keeps sending; the page hears nothing of it
+        page.wait_for_function("window.layercakeBackfilled > 0", timeout=20000)
+        gaps = page.evaluate("""() => {
+            const xs = Chart.getChart('chart-' + document.querySelector('figure.chart').dataset.gpu)
+                .data.datasets[0].data.map((d) => d.x);
+            return Math.max(...xs.slice(1).map((x, i) => x - xs[i]));
+        }""")
+        assert gaps < 2500  # one sample a second: no hole the length of the outage is left
+    finally:
+        agent.stop()
+
+
 def test_it_marks_a_node_stale_when_its_agent_goes_silent(live_stack, alice, browser, log_dir):
     node, token = node_with_token("rtx4090-box")
     agent = start_agent(live_stack.url, token, "sim:rtx4090x2", log_dir)

@@ -64,6 +64,17 @@ def test_it_embeds_the_last_fifteen_minutes_for_the_charts(client, alice, seed_n
     assert sorted(len(points) for points in history.values()) == [1, 1, 1, 1]
 
 
+def test_it_sends_a_reconnecting_page_only_the_points_it_missed(client, alice, seed_node):
+    newest = GpuSample.objects.order_by("-t").first().t
+    client.force_login(alice)
+    missed = client.get(f"/nodes/a30-seed/history.json?after={(newest - timedelta(seconds=1)).timestamp() * 1000}")
+    assert sorted(len(points) for points in missed.json().values()) == [1, 1, 1, 1]
+    assert client.get(f"/nodes/a30-seed/history.json?after={newest.timestamp() * 1000}").json() == {}
+    for bad in ("yesterday", "1e400", "nan"):
+        response = client.get(f"/nodes/a30-seed/history.json?after={bad}")
+        assert response.status_code == 400 and "unix milliseconds" in response.json()["error"]
+
+
 def test_it_answers_404_for_an_unknown_node(client, alice):
     client.force_login(alice)
     assert client.get("/nodes/nope/").status_code == 404

@@ -4,7 +4,6 @@
   const holder = document.getElementById("alert-banner-holder");
   if (!holder || typeof Live === "undefined") return;
   const LABELS = { open: "Open", acknowledged: "Acknowledged", resolved: "Resolved" };
-  let connectedBefore = false;
 
   function refresh() {
     fetch(holder.dataset.url, { credentials: "same-origin" })
@@ -25,5 +24,5 @@
 
   Live.onAlert((msg) => { refresh(); updateDetail(msg.alert); });
   // After a reconnect the banner may be out of date: alerts changed while the socket was down.
-  Live.onOpen(() => { if (connectedBefore) refresh(); connectedBefore = true; });
+  Live.onOpen((opens) => { if (opens > 1) refresh(); });
 })();

@@ -6,6 +6,7 @@ var Live = window.Live || (() => {
   const lastSeen = new Map(); // node id -> browser clock ms of its last update
   const STALE_INTERVALS = 3;
   let retry = 500;
+  let opens = 0; // how many times the socket has opened: above 1, the page missed updates meanwhile
 
   function setStatus(text, ok) {
     const el = document.getElementById("live-status");
@@ -15,7 +16,7 @@ var Live = window.Live || (() => {
   function connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const ws = new WebSocket(`${scheme}://${location.host}/ws/fleet/`);
-    ws.onopen = () => { retry = 500; setStatus("live", true); handlers.open.forEach((h) => h()); };
+    ws.onopen = () => { retry = 500; opens += 1; setStatus("live", true); handlers.open.forEach((h) => h(opens)); };
     ws.onclose = () => {
       setStatus("reconnecting…", false);
       setTimeout(connect, retry + Math.random() * retry);

@@ -34,6 +34,16 @@ function makeChart(figure) {
 
 document.querySelectorAll("figure.chart").forEach(makeChart);
 
+function addPoint(entry, x, util, used, temp, power) {
+  const values = [util, (100 * used) / entry.memTotal, temp, power];
+  entry.chart.data.datasets.forEach((ds, i) => {
+    const last = ds.data.length ? ds.data[ds.data.length - 1].x : -Infinity;
+    if (x > last) ds.data.push({ x, y: values[i] });
+    else if (!ds.data.some((d) => d.x === x)) { ds.data.push({ x, y: values[i] }); ds.data.sort((a, b) => a.x - b.x); }
+    while (ds.data.length && ds.data[0].x < x - WINDOW_MS) ds.data.shift();
+  });
+}
+
 Live.onUpdate((msg) => {
   const mine = msg.nodes.find((n) => String(n.node) === section.dataset.node);
   if (!mine) return;
@@ -42,12 +52,32 @@ Live.onUpdate((msg) => {
     const entry = charts.get(gpuId);
     if (!entry) continue;
     const [util, used, , temp, power] = p;
-    const values = [util, (100 * used) / entry.memTotal, temp, power];
-    entry.chart.data.datasets.forEach((ds, i) => {
-      ds.data.push({ x, y: values[i] });
-      while (ds.data.length && ds.data[0].x < x - WINDOW_MS) ds.data.shift();
-    });
+    addPoint(entry, x, util, used, temp, power);
     entry.chart.update("none");
   }
   window.layercakePoints = (window.layercakePoints || 0) + 1;
+});
+
+// After a reconnect, fill the gap the page missed while its socket was down (the first open has the history).
+function newestPoint() {
+  let newest = 0;
+  for (const { chart } of charts.values()) {
+    const data = chart.data.datasets[0].data;
+    if (data.length) newest = Math.max(newest, data[data.length - 1].x);
+  }
+  return newest;
+}
+
+Live.onOpen(async (opens) => {
+  if (opens < 2) return;
+  const response = await fetch(`${location.pathname}history.json?after=${newestPoint()}`);
+  if (!response.ok) return;
+  const missed = await response.json();
+  for (const [gpuId, points] of Object.entries(missed)) {
+    const entry = charts.get(gpuId);
+    if (!entry) continue;
+    points.forEach(([x, util, used, temp, power]) => addPoint(entry, x, util, used, temp, power));
+    entry.chart.update("none");
+  }
+  window.layercakeBackfilled = (window.layercakeBackfilled || 0) + Object.values(missed).flat().length;
 });
