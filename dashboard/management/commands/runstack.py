@@ -23,6 +23,7 @@ DEMO_FLEET = [
     ("a30-seed", "sim:a30x4,workload=idle"),  # the field report's server: 4x A30, every pair SYS, no P2P; dedicated
     ("h100-nvlink", "sim:h100x8"),
     ("rtx4090-box", "sim:rtx4090x2"),
+    ("rtx4090-box-b", "sim:rtx4090x2,workload=idle"),  # its twin: models too big for one box plan across both
 ]
 
 
@@ -101,7 +102,8 @@ def ensure_admin(password_file: Path) -> tuple[str, str]:
 def start_demo_agents(server: str, log_dir: Path) -> list[stack.Service]:
     services = []
     for name, spec in DEMO_FLEET:
-        node, _ = Node.objects.get_or_create(name=name)
+        # The demo agents all run on this machine: the other nodes reach a multi-node head on loopback.
+        node, _ = Node.objects.get_or_create(name=name, defaults={"address": "127.0.0.1"})
         node.tokens.filter(revoked=None).update(revoked=timezone.now())
         _, token = AgentToken.issue(node)
         run_dir = settings.VAR_DIR / "agents" / name  # one per agent: an agent adopts the servers in its dir
