@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import timedelta
 
@@ -71,6 +72,22 @@ def launch_members(deployment_id: str) -> int:
         for frame in frames:
             send_to_node(member.node_id, frame)
     return len(commands)
+
+
+@shared_task(ignore_result=False)
+def resend_lost_launches() -> int:
+    """Send the launch again wherever a worker marked it launching and died before sending it (the agent has
+    said nothing since). Sending twice is safe: the agent launches once per deployment id and answers a
+    repeated launch with "already running"."""
+    now = timezone.now()
+    heads, members = deploy.lost_launches(now, settings.LAUNCH_RESEND_AFTER_S)
+    for deployment in heads:
+        deploy.note_resent(deployment, now)
+        send_to_agent(deployment, protocol.dump(deployment.launch_command()))
+    for member in members:
+        deploy.note_resent(member, now)
+        send_to_node(member.node_id, json.dumps(member.launch))
+    return len(heads) + len(members)
 
 
 @shared_task(ignore_result=False, acks_late=True)

@@ -115,6 +115,10 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # many seconds. It must exceed the longest a task runs, retry countdowns included (the worker holds those
 # unacked too), or a task still running is started a second time; tests set a few seconds.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envfloat("CELERY_VISIBILITY_TIMEOUT", "3600")}
+# A deployment marked launching that its agent has not reported on after this many seconds gets its launch
+# again (dashboard.tasks.resend_lost_launches): the worker that marked it may have been killed before sending,
+# and the broker gives that task back only after the visibility timeout.
+LAUNCH_RESEND_AFTER_S = envfloat("LAUNCH_RESEND_AFTER_S", "30")
 CELERY_TASK_SERIALIZER = "json"
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
@@ -164,4 +168,5 @@ CELERY_BEAT_SCHEDULE = {
     "prune-old-samples": {"task": "dashboard.tasks.prune_old_samples", "schedule": 3600.0},
     # Catches retries that came due and deliveries whose queued task was lost.
     "deliver-notifications": {"task": "dashboard.tasks.deliver_notifications", "schedule": 30.0},
+    "resend-lost-launches": {"task": "dashboard.tasks.resend_lost_launches", "schedule": 10.0},
 }
