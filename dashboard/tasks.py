@@ -116,8 +116,10 @@ def stop_processes(deployment_id: str) -> int:
 @shared_task(ignore_result=False, acks_late=True)
 def restart_deployment(deployment_id: str) -> str:
     deployment = Deployment.objects.select_related("node").get(pk=deployment_id)
+    # pid cleared: a restart that never reaches the agent is then re-sent as a launch (resend_lost_launches),
+    # which an agent whose old server still runs answers with "already running".
     deployment.move_to(DeploymentState.LAUNCHING, "restart sent to the agent", exit_code=None, progress=None,
-                       desired="running")
+                       pid=None, desired="running")
     send_to_agent(deployment, protocol.dump(protocol.Restart(type="restart", v=1, deployment=deployment.pk)))
     for member in deployment.members.select_related("node"):  # they rejoin the new head once it reports its port
         member.move_to(DeploymentState.STOPPING, "stopped for the restart")
