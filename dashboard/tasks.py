@@ -9,6 +9,7 @@ from datetime import timedelta
 from asgiref.sync import async_to_sync
 from celery import shared_task
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from agents import protocol
@@ -53,10 +54,12 @@ def plan_request(request_id: int) -> str:
 @shared_task(ignore_result=False, acks_late=True, autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
 def launch_deployment(deployment_id: str) -> str:
     """Send the launch command to the node's agent. Safe to run twice: the agent launches once per id."""
-    deployment = Deployment.objects.select_related("node").get(pk=deployment_id)
-    if deployment.state not in (DeploymentState.PLANNED, DeploymentState.LAUNCHING):
-        return deployment.state
-    deployment.move_to(DeploymentState.LAUNCHING, f"launch sent to {deployment.node.name}")
+    with transaction.atomic():  # the row lock keeps an operator's Stop from landing between check and move
+        deployment = Deployment.objects.select_for_update(of=("self",)).select_related("node").get(pk=deployment_id)
+        if deployment.state not in (DeploymentState.PLANNED, DeploymentState.LAUNCHING) or \
+                deployment.desired != "running":
+            return deployment.state
+        deployment.move_to(DeploymentState.LAUNCHING, f"launch sent to {deployment.node.name}")
     send_to_agent(deployment, protocol.dump(deployment.launch_command()))
     return deployment.state
 

@@ -220,3 +220,12 @@ def test_it_refuses_a_plan_over_simulated_and_real_nodes(alice):
     row = planned("Qwen3-VL-32B-Instruct", backend="vllm", max_model_len=8192)
     with pytest.raises(deploy.DeployError, match="mixes simulated and real"):
         deploy.create_deployment(row, 0, alice)
+
+
+def test_it_does_not_launch_a_deployment_the_operator_stopped_before_the_task_ran(alice, settings):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    sim_node("rtx4090-box", "sim:rtx4090x2")
+    deployment = deploy.create_deployment(planned("Qwen2.5-7B-Instruct", max_model_len=4096), 0, alice)
+    Deployment.objects.filter(pk=deployment.pk).update(desired="stopped")
+    assert tasks.launch_deployment(deployment.pk) == DeploymentState.PLANNED
+    assert not deployment.events.exists()
