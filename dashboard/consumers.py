@@ -101,18 +101,18 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.send(event["frame"])
 
     def enqueue(self, message: protocol.Samples | protocol.LogTail | protocol.DeploymentStatus | protocol.Metrics) -> None:
-        rows, logs, report = [], [], None
+        rows, logs, report, sampled_at = [], [], None, 0.0
         if isinstance(message, protocol.Samples):
             unknown = {s.index for s in message.gpus} - set(self.gpu_ids)
             if unknown:
                 raise protocol.ProtocolError("unknown_gpu", f"GPU index {sorted(unknown)} not announced in hello")
-            rows = ingest.sample_rows(message, self.gpu_ids)
+            rows, sampled_at = ingest.sample_rows(message, self.gpu_ids), message.t
         elif isinstance(message, protocol.LogTail):
             logs = [ingest.log_row(message, self.node.pk)]
         else:
             report = message
         self.accepted_seq = message.seq
-        pending = ingest.Pending(self.node.pk, message.seq, rows, logs, self.acknowledge, report)
+        pending = ingest.Pending(self.node.pk, message.seq, rows, logs, self.acknowledge, report, sampled_at)
         ingest.ingest_buffer().add(pending)
 
     async def acknowledge(self, seq: int) -> None:

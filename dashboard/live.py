@@ -58,7 +58,7 @@ class FleetFanout:
             entry = self.latest.setdefault(item.node_id, {"node": item.node_id, "t": 0.0, "gpus": {}})
             for row in item.rows:
                 entry["gpus"][str(row.gpu_id)] = gpu_point(row)  # msgpack in the layer wants str keys
-            entry["t"] = max(entry["t"], item.rows[0].t.timestamp())
+            entry["t"] = max(entry["t"], item.sampled_at)
         if (self.latest or self.deployments) and (self._task is None or self._task.done()):
             # Leading edge: send at once unless the previous tick went out less than a period ago.
             delay = max(0.0, self._last_sent + self.period - time.monotonic())
