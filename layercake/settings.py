@@ -100,7 +100,7 @@ def channel_layers(redis_url: str) -> dict:
     # redis-py 8 times out socket reads after 5 s by default, exactly channels_redis's blocking-pop timeout:
     # idle consumers then crash with "Timeout reading from". Reads get a longer timeout than the pop.
     host = {"address": redis_url, "socket_timeout": 15}
-    return {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+    return {"default": {"BACKEND": "dashboard.channel_layer.RedisChannelLayer",
                         "CONFIG": {"hosts": [host], "capacity": 2000, "expiry": 30}}}
 
 
