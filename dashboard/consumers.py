@@ -135,7 +135,7 @@ class FleetConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_discard(FLEET_GROUP, self.channel_name)
 
     async def fleet_update(self, event: dict) -> None:
-        await self.send(json.dumps(event))
+        await self.send(event["text"])  # encoded once per tick for every browser (live.fleet_update)
 
     async def fleet_node(self, event: dict) -> None:
         await self.send(json.dumps(event))
