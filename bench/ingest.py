@@ -4,8 +4,10 @@
 
 Starts an embedded Redis and the ASGI server on a fresh database, runs N agents (the real agent code,
 `agents.runner.Agent` with simulated GPUs, all in one helper process), and a logged-in browser feed
-client. The clock starts once every agent is connected: this measures steady state, not the first
-connection wave (which stores each node's inventory and topology once). Prints samples_per_s (GPU samples stored per second), lost (GPU samples sent minus stored),
+client. The clock starts once every agent is connected and the server has finished their hellos (the
+browser client has seen every node announced online): this measures steady state, not the first
+connection wave (which stores each node's inventory and topology once; connect_s and settle_s say how
+long it took). Prints samples_per_s (GPU samples stored per second), lost (GPU samples sent minus stored),
 p99_ingest_to_browser_ms (sample time to browser receipt), and the raw websocket echo capacity of
 this machine measured in the same run.
 """
@@ -37,6 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--role", default="main", choices=["main", "agents", "echo"], help=argparse.SUPPRESS)
     parser.add_argument("--server", default="", help=argparse.SUPPRESS)
     parser.add_argument("--tokens", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--ready-file", default="", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -44,14 +47,19 @@ SPEC_BY_GPUS = {2: "sim:rtx4090x2", 4: "sim:a30x4", 8: "sim:h100x8"}
 
 
 # ---- role "agents": the simulated fleet, in its own process -------------------------------------------
-async def run_agents(server: str, tokens: list[str], gpus: int, interval: float, seconds: float) -> dict:
+async def run_agents(server: str, tokens: list[str], gpus: int, interval: float, seconds: float,
+                     ready: Path) -> dict:
     from agents.gpus import make_source
     from agents.runner import Agent
 
     fleet = [Agent(server, t, make_source(f"{SPEC_BY_GPUS[gpus]},seed={i}"), interval) for i, t in enumerate(tokens)]
+    loop = asyncio.get_running_loop()
+    began = loop.time()
     tasks = [asyncio.create_task(a.connect_forever()) for a in fleet]
     await asyncio.wait_for(asyncio.gather(*(a.connected.wait() for a in fleet)), timeout=300)
-    loop, start = asyncio.get_running_loop(), asyncio.get_running_loop().time()
+    connected = loop.time()
+    await wait_for_file(ready, timeout=300)
+    start = loop.time()
     ticks = 0
     while loop.time() - start < seconds:
         for agent in fleet:
@@ -63,7 +71,15 @@ async def run_agents(server: str, tokens: list[str], gpus: int, interval: float,
         task.cancel()
     pending = sum(len(a.outbox.frames) for a in fleet)
     return {"sent_gpu_samples": ticks * len(fleet) * gpus, "unacked_frames": pending,
-            "dropped_frames": sum(a.outbox.dropped for a in fleet)}
+            "dropped_frames": sum(a.outbox.dropped for a in fleet),
+            "connect_s": round(connected - began, 1), "settle_s": round(start - connected, 1)}
+
+
+async def wait_for_file(path: Path, timeout: float) -> None:
+    """The main process creates it once its browser client has seen every node announced online."""
+    async with asyncio.timeout(timeout):
+        while not path.exists():
+            await asyncio.sleep(0.1)
 
 
 async def drain(fleet: list, timeout: float) -> None:
@@ -102,7 +118,7 @@ async def echo_capacity(port: int, seconds: float = 3.0) -> float:
 
 # ---- role "main": the stack, the browser client, the numbers --------------------------------------------
 async def watch_browser(url: str, sessionid: str, stop: asyncio.Event, latencies: list[float],
-                        transit: list[float]) -> None:
+                        transit: list[float], online: set[int]) -> None:
     import websockets
 
     headers = {"Cookie": f"sessionid={sessionid}", "Origin": url}
@@ -117,6 +133,14 @@ async def watch_browser(url: str, sessionid: str, stop: asyncio.Event, latencies
             if message["type"] == "fleet.update":
                 latencies.extend((now - n["t"]) * 1000 for n in message["nodes"])
                 transit.append((now - message["sent"]) * 1000)
+            elif message["type"] == "fleet.node" and message["status"] == "online":
+                online.add(message["node"])
+
+
+async def mark_ready(online: set[int], count: int, ready: Path) -> None:
+    while len(online) < count:
+        await asyncio.sleep(0.1)
+    ready.touch()
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -159,17 +183,23 @@ def stored_samples() -> int:
 async def measure(args: argparse.Namespace, url: str, tokens: list[str], sessionid: str, log: Path) -> dict:
     latencies: list[float] = []
     transit: list[float] = []
+    online: set[int] = set()
     stop = asyncio.Event()
-    watcher = asyncio.create_task(watch_browser(url, sessionid, stop, latencies, transit))
+    watcher = asyncio.create_task(watch_browser(url, sessionid, stop, latencies, transit, online))
+    ready = log / "ready"
+    ready.unlink(missing_ok=True)
+    marker = asyncio.create_task(mark_ready(online, len(tokens), ready))
     with (log / "tokens").open("w") as fh:
         fh.write("\n".join(tokens))
     proc = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--role", "agents", "--server", url, "--tokens", str(log / "tokens"),
+        "--ready-file", str(ready),
         "--agents", str(args.agents), "--gpus", str(args.gpus), "--interval", str(args.interval),
         "--seconds", str(args.seconds), stdout=subprocess.PIPE, cwd=ROOT)
     out, _ = await proc.communicate()
     await asyncio.sleep(1.5)  # let the last fan-out tick reach the browser client
     stop.set()
+    marker.cancel()
     await watcher
     return {**json.loads(out), "latencies": latencies, "transit": transit}
 
@@ -178,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.role == "agents":
         tokens = Path(args.tokens).read_text().split()
-        print(json.dumps(asyncio.run(run_agents(args.server, tokens, args.gpus, args.interval, args.seconds))))
+        fleet = run_agents(args.server, tokens, args.gpus, args.interval, args.seconds, Path(args.ready_file))
+        print(json.dumps(asyncio.run(fleet)))
         return 0
     if args.role == "echo":
         asyncio.run(echo_server(int(args.server)))
@@ -225,6 +256,7 @@ def summarize(args: argparse.Namespace, outcome: dict, stored: int, elapsed: flo
         "samples_per_s": round(stored / args.seconds, 1),
         "sent": outcome["sent_gpu_samples"], "stored": stored, "lost": outcome["sent_gpu_samples"] - stored,
         "unacked_frames_at_end": outcome["unacked_frames"], "dropped_frames": outcome["dropped_frames"],
+        "connect_s": outcome["connect_s"], "settle_s": outcome["settle_s"],
         "p50_ingest_to_browser_ms": _round(percentile(latencies, 0.50)),
         "p99_ingest_to_browser_ms": _round(percentile(latencies, 0.99)),
         "browser_node_updates": len(latencies),
