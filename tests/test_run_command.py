@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from dashboard import stack
+from dashboard.management.commands.runstack import DEMO_FLEET
 from tests.e2e import login
 
 pytestmark = pytest.mark.slow
@@ -49,11 +50,11 @@ def test_it_runs_the_stack_with_an_embedded_redis_and_a_demo_fleet(tmp_path):
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 page = client.get("/").text
-                if page.count(">Online<") == 3:
+                if page.count(">Online<") == len(DEMO_FLEET):
                     break
                 time.sleep(0.5)
-        assert all(name in page for name in ("a30-seed", "h100-nvlink", "rtx4090-box"))
-        assert page.count(">Online<") == 3 and page.count("simulated</span>") == 3
+        assert all(f">{name}<" in page for name, _ in DEMO_FLEET)
+        assert page.count(">Online<") == len(DEMO_FLEET) == page.count("simulated</span>") == 4
         assert "Qwen3-VL-32B-Instruct" in page  # the demo deployment, listed with its state
     finally:
         os.killpg(proc.pid, signal.SIGINT)
