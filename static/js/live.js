@@ -7,6 +7,7 @@ var Live = window.Live || (() => {
   const STALE_INTERVALS = 3;
   let retry = 500;
   let opens = 0; // how many times the socket has opened: above 1, the page missed updates meanwhile
+  let isOpen = false;
 
   function setStatus(text, ok) {
     const el = document.getElementById("live-status");
@@ -16,8 +17,9 @@ var Live = window.Live || (() => {
   function connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const ws = new WebSocket(`${scheme}://${location.host}/ws/fleet/`);
-    ws.onopen = () => { retry = 500; opens += 1; setStatus("live", true); handlers.open.forEach((h) => h(opens)); };
+    ws.onopen = () => { retry = 500; opens += 1; isOpen = true; setStatus("live", true); handlers.open.forEach((h) => h(opens)); };
     ws.onclose = () => {
+      isOpen = false;
       setStatus("reconnecting…", false);
       setTimeout(connect, retry + Math.random() * retry);
       retry = Math.min(retry * 2, 15000);
@@ -69,6 +71,7 @@ var Live = window.Live || (() => {
     onNode: (h) => handlers.node.push(h),
     onPlan: (h) => handlers.plan.push(h),
     onAlert: (h) => handlers.alert.push(h),
-    onOpen: (h) => handlers.open.push(h),
+    // A page script registered after the socket opened is told at once, or it would miss that open.
+    onOpen: (h) => { handlers.open.push(h); if (isOpen) h(opens); },
   };
 })();
