@@ -3,8 +3,10 @@
 import json
 
 import pytest
+import pytest_asyncio
 from channels.db import database_sync_to_async
 from channels.testing.websocket import WebsocketCommunicator
+from django.db import connections
 
 from dashboard.models import AgentToken, GpuSample, LogChunk, Node
 from layercake.asgi import application
@@ -18,6 +20,14 @@ IN_MEMORY = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 def in_memory_layer(settings):
     settings.CHANNEL_LAYERS = IN_MEMORY
     settings.INGEST_FLUSH_SECONDS = 0.01
+
+
+@pytest_asyncio.fixture(autouse=True)
+async def close_the_consumers_connection():
+    """The consumer's queries run in asgiref's one sync thread; its connection would outlive the test and keep
+    PostgreSQL from dropping the test database at the end of the session."""
+    yield
+    await database_sync_to_async(connections.close_all)()
 
 
 def hello(boot="boot-0001", gpus=2):
