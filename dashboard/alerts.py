@@ -50,6 +50,7 @@ def raise_alert(*, key: str, kind: str, title: str, cause: str, remedy: str,
             alert = Alert.objects.create(key=key, **content)
             event = alert.events.create(old_status="", new_status=AlertStatus.OPEN, reason=title)
             changed(alert, event)
+        log.info("alert opened: %s (%s)", key, title)
     except IntegrityError:  # another worker opened this key between our lookup and our insert
         return refresh(Alert.objects.unresolved().get(key=key), content)
     return alert
@@ -64,6 +65,7 @@ def resolve_alert(key: str, reason: str) -> Alert | None:
         event = alert.move_to(AlertStatus.RESOLVED, reason, resolved=timezone.now())
         if event is not None:
             changed(alert, event)
+            log.info("alert resolved: %s (%s)", key, reason)
     return alert if alert.status == AlertStatus.RESOLVED else None
 
 

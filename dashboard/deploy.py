@@ -13,6 +13,7 @@ from agents import protocol
 from dashboard.choices import DeploymentState, PlanStatus
 from dashboard.fleet import latest_samples
 from dashboard.models import Deployment, DeploymentEvent, DeploymentMember, Node, PlanRequest
+from dashboard.models.deployments import member_failure_text
 from placement import PlacementError, Request, load_cluster, load_model, plan
 from placement.spec import spec_from_hf_config
 
@@ -239,7 +240,7 @@ def apply_member_status(deployment: Deployment, member: DeploymentMember, status
         return
     said = f"node {member.node.name} (rank {member.rank}) failed: {status.detail or 'no detail'}"
     if deployment.state == DeploymentState.FAILED:  # the head noticed first (a lost peer breaks its NCCL)
-        deployment.move_to(DeploymentState.FAILED, f"{said}\n\nthe head: {deployment.detail}"[:8000])
+        deployment.move_to(DeploymentState.FAILED, member_failure_text(said, deployment.detail))
         return
     deployment.move_to(DeploymentState.FAILED, said)
     transaction.on_commit(lambda: _queue("stop_processes", deployment.pk))
@@ -254,7 +255,6 @@ def member_commands(deployment: Deployment) -> list[tuple[DeploymentMember, list
         if member.launch == launch and member.is_active:
             continue
         frames = [stop_frame(deployment)] if member.is_active else []
-        member.launch = launch
         member.move_to(DeploymentState.LAUNCHING, f"launch sent to {member.node.name}", launch=launch)
         commands.append((member, [*frames, json.dumps(launch)]))
     return commands

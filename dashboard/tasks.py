@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from datetime import timedelta
 
 from asgiref.sync import async_to_sync
@@ -18,8 +17,6 @@ from dashboard.choices import DeploymentState, NodeStatus
 from dashboard.ingest import deployment_summary
 from dashboard.live import agent_group, announce_deployment, announce_node, announce_plan
 from dashboard.models import Deployment, GpuSample, LogChunk, Node
-
-log = logging.getLogger(__name__)
 
 
 @shared_task(ignore_result=False)
@@ -150,7 +147,6 @@ def evaluate_fleet() -> int:
 
     problems, judged = detect.fleet_problems()
     for p in problems:
-        log.info("problem: %s (%s)", p.key, p.title)
         alerts.raise_alert(key=p.key, kind=p.kind, title=p.title, cause=p.cause, remedy=p.remedy,
                            severity=p.severity, evidence=p.evidence, actions=p.actions, deployment=p.deployment,
                            node=p.node)

@@ -108,10 +108,6 @@ class Deployment(models.Model):
     def launch_command(self) -> protocol.Launch:
         return protocol.Launch.model_validate(self.launch)
 
-    @property
-    def is_multi_node(self) -> bool:
-        return self.launch_command().options.nnodes > 1
-
     def member_launch(self, member: DeploymentMember) -> protocol.Launch:
         """The launch for one further node: the head's, with that node's rank, GPUs and the head's port."""
         head = self.launch_command()
@@ -120,22 +116,8 @@ class Deployment(models.Model):
         return protocol.Launch.model_validate(data)
 
     def move_to(self, state: str, detail: str = "", **fields: Any) -> None:
-        """Change state (recording an event) and any reported fields; a repeated state records nothing.
-        Only these columns are written: a Celery task and the ingest path may hold the same row at once."""
-        changed = state != self.state
-        for name, value in fields.items():
-            setattr(self, name, value)
-        written = set(fields)
-        if changed:
-            self.state, self.state_since = state, timezone.now()
-            self.startup_progress_at = self.state_since
-            written |= {"state", "state_since", "startup_progress_at"}
-        if detail:
-            self.detail = detail
-            written.add("detail")
-        if written:
-            self.save(update_fields=sorted(written))
-        if changed:
+        """Change state (recording an event) and any reported fields; a repeated state records nothing."""
+        if move_row(self, state, detail, fields, also_on_change=("startup_progress_at",)):
             DeploymentEvent.objects.create(deployment=self, state=state, detail=detail)
 
     def apply_status(self, status: protocol.DeploymentStatus) -> None:
@@ -145,8 +127,8 @@ class Deployment(models.Model):
         if self.state == DeploymentState.FAILED and status.state == DeploymentState.STOPPED:
             return  # stopped because another node of it failed: the failure is the news
         if self.state == DeploymentState.FAILED == status.state and self.members.exists():
-            if "\n\nthe head: " not in self.detail:  # another node failed first: keep that, add the head's end
-                self.move_to(self.state, f"{self.detail}\n\nthe head: {status.detail}"[:8000])
+            if HEAD_END not in self.detail:  # another node failed first: keep that, add the head's end
+                self.move_to(self.state, member_failure_text(self.detail, status.detail))
             return
         fields = {k: getattr(status, k) for k in ("port", "pid", "exit_code", "progress") if getattr(status, k) is not None}
         if status.progress is not None and status.progress != self.progress:
@@ -195,6 +177,35 @@ def _metric_fields(r: dict[str, Any], counters: protocol.ServerCounters) -> dict
     }
 
 
+def move_row(row: Deployment | DeploymentMember, state: str, detail: str, fields: dict[str, Any],
+             also_on_change: tuple[str, ...] = ()) -> bool:
+    """Set a row's state, detail and fields, saving only those columns (a Celery task and the ingest path may
+    hold the same row at once); True when the state changed. `also_on_change` fields get the change time."""
+    changed = state != row.state
+    for name, value in fields.items():
+        setattr(row, name, value)
+    written = set(fields)
+    if changed:
+        row.state, row.state_since = state, timezone.now()
+        for name in also_on_change:
+            setattr(row, name, row.state_since)
+        written |= {"state", "state_since", *also_on_change}
+    if detail:
+        row.detail = detail
+        written.add("detail")
+    if written:
+        row.save(update_fields=sorted(written))
+    return changed
+
+
+HEAD_END = "\n\nthe head: "
+
+
+def member_failure_text(member_said: str, head_detail: str) -> str:
+    """A multi-node deployment's failure: the node that failed first, then how the head ended."""
+    return f"{member_said}{HEAD_END}{head_detail}"[:8000]
+
+
 class DeploymentMember(models.Model):
     """A further node of a multi-node deployment (rank 1 and up); the head (rank 0) is the Deployment itself.
     Its launch is sent once the head has reported the port where the others join it."""
@@ -233,21 +244,9 @@ class DeploymentMember(models.Model):
     def state_label(self) -> str:
         return DeploymentState.label(self.shown_state())
 
-    def state_color(self) -> str:
-        return DeploymentState.color(self.shown_state())
-
     def move_to(self, state: str, detail: str = "", **fields: Any) -> None:
-        """Like Deployment.move_to: only these columns are written; a change is recorded on the deployment."""
-        changed = state != self.state
-        for name, value in fields.items():
-            setattr(self, name, value)
-        written = set(fields) | ({"state", "state_since"} if changed else set()) | ({"detail"} if detail else set())
-        if changed:
-            self.state, self.state_since = state, timezone.now()
-        self.detail = detail or self.detail
-        if written:
-            self.save(update_fields=sorted(written))
-        if changed:
+        """Like Deployment.move_to; a change is recorded on the deployment's history, naming this node."""
+        if move_row(self, state, detail, fields):
             DeploymentEvent.objects.create(deployment=self.deployment, state=state,
                                            detail=f"{self.node.name} (rank {self.rank}): {detail or state}")
 
