@@ -28,10 +28,45 @@ def envfloat(name: str, default: str) -> float:
         raise ImproperlyConfigured(f"{name} must be a number, not {value!r}") from None
 
 
+def envlist(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+def required_env(name: str, example: str) -> str:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        raise ImproperlyConfigured(f"LAYERCAKE_ENV=production needs {name} in the environment "
+                                   f"(/etc/layercake/server.env), e.g. {example}")
+    return value
+
+
+# The profile: "development" (the demo, ./run.sh and the tests) or "production" (deploy/, docs/production.md).
+PROFILE = os.environ.get("LAYERCAKE_ENV", "development")
+if PROFILE not in ("development", "production"):
+    raise ImproperlyConfigured(f"LAYERCAKE_ENV must be development or production, not {PROFILE!r}")
+PRODUCTION = PROFILE == "production"
+DEV_SECRET_KEY = "layercake-dev-only-secret-key-change-me-in-production-0123456789"
+NEW_KEY_COMMAND = "python3 -c 'import secrets; print(secrets.token_urlsafe(50))'"
+
+
+def production_secret_key() -> str:
+    """SECRET_KEY from the environment, refused if it is missing or as weak as Django's check calls weak."""
+    key = required_env("SECRET_KEY", f"the output of {NEW_KEY_COMMAND}")
+    if key == DEV_SECRET_KEY or key.startswith("django-insecure-") or len(key) < 50 or len(set(key)) < 5:
+        raise ImproperlyConfigured("SECRET_KEY is not fit for production (the development key, a "
+                                   "'django-insecure-' key, or under 50 characters or 5 distinct ones); "
+                                   f"make one with {NEW_KEY_COMMAND}")
+    return key
+
+
 DEBUG = envbool("DEBUG", "false")
-SECRET_KEY = os.environ.get("SECRET_KEY", "layercake-dev-only-secret-key-change-me-in-production-0123456789")
-ALLOWED_HOSTS = os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
-CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+if PRODUCTION and DEBUG:
+    raise ImproperlyConfigured("DEBUG must be off with LAYERCAKE_ENV=production (it shows settings and code to visitors)")
+SECRET_KEY = production_secret_key() if PRODUCTION else os.environ.get("SECRET_KEY", DEV_SECRET_KEY)
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "" if PRODUCTION else "localhost,127.0.0.1,[::1]")
+if PRODUCTION and not ALLOWED_HOSTS:
+    required_env("ALLOWED_HOSTS", "layercake.example.com")
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS")
 SITE_URL = os.environ.get("SITE_URL", "http://127.0.0.1:8000")
 
 INSTALLED_APPS = [
@@ -78,7 +113,8 @@ TEMPLATES = [
 
 DATABASES = {
     "default": dj_database_url.parse(
-        os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'var' / 'db.sqlite3'}"), conn_max_age=60
+        required_env("DATABASE_URL", "postgres://layercake:PASSWORD@127.0.0.1:5432/layercake") if PRODUCTION
+        else os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'var' / 'db.sqlite3'}"), conn_max_age=60
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -93,7 +129,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "var" / f"test-db-{os.getpid()}.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = (required_env("REDIS_URL", "redis://:PASSWORD@redis.internal:6379/0") if PRODUCTION
+             else os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
 
 
 def channel_layers(redis_url: str) -> dict:
@@ -142,8 +179,27 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = BASE_DIR / "var" / "static"
-WHITENOISE_USE_FINDERS = True
+STATIC_ROOT = VAR_DIR / "static"
+# Development serves static files straight from static/. Production serves what collectstatic wrote to
+# STATIC_ROOT, under content-hashed names (cached for a year) and pre-compressed, through whitenoise's
+# middleware: Django's ASGI handler runs it for uvicorn's requests like any other middleware.
+WHITENOISE_USE_FINDERS = not PRODUCTION
+if PRODUCTION:
+    STORAGES = {
+        "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+        "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+    }
+
+if PRODUCTION:
+    # Behind the TLS proxy (deploy/nginx-layercake.conf), which sets X-Forwarded-Proto on every request;
+    # uvicorn listens on 127.0.0.1 only, so no client can set that header itself.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", "true")
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = envbool("SECURE_COOKIES", "true")
+    CSRF_COOKIE_HTTPONLY = True  # the pages post forms with the form token; no script reads the cookie
+    SECURE_HSTS_SECONDS = int(envfloat("SECURE_HSTS_SECONDS", str(365 * 24 * 3600)))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", "true")
+    SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", "true")
 
 EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
 EMAIL_HOST = os.environ.get("EMAIL_HOST", "127.0.0.1")

@@ -1,0 +1,75 @@
+"""The systemd units and env file under deploy/, read the way systemd reads them, so tests run what they say."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOY = REPO / "deploy"
+INSTALL_DIR = "/opt/layercake"  # where docs/production.md installs the code; the units' WorkingDirectory
+VENV_PYTHON = f"{INSTALL_DIR}/venv/bin/python"
+SERVER_UNITS = ("layercake-web", "layercake-worker", "layercake-notify", "layercake-beat")
+
+
+@dataclass
+class Unit:
+    name: str
+    service: dict[str, list[str]]  # [Service] key -> every value given, in order
+
+    def one(self, key: str) -> str:
+        values = self.service.get(key, [])
+        assert len(values) == 1, f"{self.name}: expected one {key}=, found {values}"
+        return values[0]
+
+    def environment(self) -> dict[str, str]:
+        """The unit's Environment= assignments (space-separated, each may be quoted)."""
+        return dict(item.split("=", 1) for line in self.service.get("Environment", []) for item in shlex.split(line))
+
+    def argv(self, env: dict[str, str]) -> list[str]:
+        """ExecStart as systemd runs it: ${VAR} from env (one word), %% -> %; the venv's python is this one."""
+        words = [_expand(word, env, self.name) for word in shlex.split(self.one("ExecStart"))]
+        assert words[0] == VENV_PYTHON, f"{self.name}: ExecStart runs {words[0]}, not {VENV_PYTHON}"
+        return [sys.executable, *words[1:]]
+
+
+def read_unit(name: str) -> Unit:
+    service: dict[str, list[str]] = {}
+    section = ""
+    for line in (DEPLOY / f"{name}.service").read_text().splitlines():
+        line = line.strip()
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+        elif line and not line.startswith(("#", ";")) and section == "Service":
+            key, value = line.split("=", 1)
+            service.setdefault(key.strip(), []).append(value.strip())
+    return Unit(name, service)
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """KEY=value lines as systemd's EnvironmentFile= reads them (comments and blank lines skipped)."""
+    env: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", ";")):
+            key, value = line.split("=", 1)
+            env[key.strip()] = value.strip().strip("\"'")
+    return env
+
+
+def write_env_file(path: Path, env: dict[str, str]) -> Path:
+    path.write_text("".join(f"{key}={value}\n" for key, value in env.items()))
+    return path
+
+
+def _expand(word: str, env: dict[str, str], unit: str) -> str:
+    def variable(match: re.Match) -> str:
+        name = match.group(1)
+        assert name in env, f"{unit}: ExecStart uses ${{{name}}}, which neither the unit nor the env file sets"
+        return env[name]
+
+    assert "%" not in word.replace("%%", ""), f"{unit}: a systemd specifier in {word!r} (this reader knows only %%)"
+    return re.sub(r"\$\{(\w+)\}", variable, word).replace("%%", "%")
