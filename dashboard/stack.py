@@ -50,10 +50,11 @@ class Service:
     env: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
     proc: subprocess.Popen | None = None
+    inherit_env: bool = True  # False: only `env`, as systemd starts a unit
 
     def start(self) -> Service:
         out = self.log_path.open("ab") if self.log_path else subprocess.DEVNULL
-        env = {**os.environ, **self.env}
+        env = {**os.environ, **self.env} if self.inherit_env else self.env
         self.proc = subprocess.Popen(self.argv, env=env, cwd=BASE_DIR, stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         return self

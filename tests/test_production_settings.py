@@ -9,11 +9,10 @@ import secrets
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from tests.units import DEPLOY, REPO, SERVER_UNITS, VENV_PYTHON, read_env_file, read_unit
+from tests.units import DEPLOY, REPO, SERVER_UNITS, VENV_PYTHON, nginx_config, read_env_file, read_unit
 
 SETTINGS_SHOWN = ("DEBUG", "ALLOWED_HOSTS", "CSRF_TRUSTED_ORIGINS", "SESSION_COOKIE_SECURE", "SESSION_COOKIE_HTTPONLY",
                   "CSRF_COOKIE_SECURE", "CSRF_COOKIE_HTTPONLY", "SECURE_SSL_REDIRECT", "SECURE_PROXY_SSL_HEADER",
@@ -127,26 +126,11 @@ def test_it_passes_systemd_analyze_verify(tmp_path):
     assert result.returncode == 0 and not result.stderr.strip() and not result.stdout.strip(), result.stderr
 
 
-def self_signed_cert(directory: Path) -> tuple[Path, Path]:
-    cert, key = directory / "cert.pem", directory / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                    "/CN=layercake.example.com", "-keyout", str(key), "-out", str(cert)], check=True,
-                   capture_output=True, timeout=60)
-    return cert, key
-
-
-def test_it_gives_nginx_a_valid_config_that_upgrades_websockets(tmp_path):
+def test_it_gives_nginx_a_valid_config(tmp_path):
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     if not os.path.exists(nginx) or shutil.which("openssl") is None:
         pytest.skip("nginx or openssl is not installed")
-    cert, key = self_signed_cert(tmp_path)
-    site = (DEPLOY / "nginx-layercake.conf").read_text()
-    site = site.replace("/etc/letsencrypt/live/layercake.example.com/fullchain.pem", str(cert))
-    site = site.replace("/etc/letsencrypt/live/layercake.example.com/privkey.pem", str(key))
-    (tmp_path / "site.conf").write_text(site)
-    (tmp_path / "nginx.conf").write_text(f"pid {tmp_path}/nginx.pid;\nerror_log stderr;\nevents {{}}\n"
-                                         f"http {{ access_log off; include {tmp_path}/site.conf; }}\n")
-    result = subprocess.run([nginx, "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
-                            capture_output=True, text=True, timeout=60)
+    conf = nginx_config(tmp_path, {"http": 8080, "https": 8443, "upstream": 8000})
+    result = subprocess.run([nginx, "-t", "-p", str(tmp_path), "-c", str(conf)], capture_output=True, text=True,
+                            timeout=60)
     assert result.returncode == 0, result.stderr
-    assert "proxy_set_header Upgrade $http_upgrade;" in site and "proxy_set_header X-Forwarded-Proto $scheme;" in site
