@@ -299,7 +299,7 @@ def load_hf_config(path: Path, ref: str) -> ModelSpec:
 
 @cache
 def catalog() -> dict[str, dict[str, Any]]:
-    """The built-in catalog (a copy of fixtures/placement/model_configs.json)."""
+    """The built-in catalog (a copy of tests/data/fixtures/placement/model_configs.json)."""
     raw = resources.files("placement.data").joinpath("model_configs.json").read_text(encoding="utf-8")
     return json.loads(raw)
 
