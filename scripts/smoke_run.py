@@ -10,6 +10,7 @@ whole stack within 10 s. A failure names the component, prints its log tail and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -126,6 +127,9 @@ def stop_stack(stack: subprocess.Popen) -> None:
         raise SmokeFailure("runstack", f"still running {STOP_WITHIN_S} s after SIGTERM") from exc
     time.sleep(0.5)
     left = [command_line(pid) for pid in started if Path(f"/proc/{pid}").exists()]
+    for pid in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     if left:
         raise SmokeFailure("runstack", f"processes left after SIGTERM: {left}")
     print(f"ok   runstack: stopped everything within {STOP_WITHIN_S} s of SIGTERM", flush=True)
@@ -155,6 +159,13 @@ def command_line(pid: int) -> str:
         return str(pid)
 
 
+def kill_everything(stack: subprocess.Popen) -> None:
+    """After a failure leave nothing running: run.sh and every process below it, whatever its session."""
+    for pid in [*descendants(stack.pid), stack.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def print_log_tails(component: str) -> None:
     named = sorted(LOGS.glob(f"{component}*.log")) if LOGS.is_dir() else []
     for path in [RUN_OUTPUT, *named]:
@@ -175,8 +186,7 @@ def main() -> int:
     except SmokeFailure as failure:
         print(f"FAIL {failure}", file=sys.stderr)
         print_log_tails(failure.component)
-        if stack.poll() is None:
-            os.killpg(stack.pid, signal.SIGKILL)
+        kill_everything(stack)
         return 1
     print(f"fresh-machine smoke test passed in {time.monotonic() - started:.0f} s")
     return 0
