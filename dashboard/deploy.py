@@ -38,10 +38,10 @@ def _node_entry(node: Node, latest: dict) -> dict[str, Any]:
     entry: dict[str, Any] = {"name": node.name, "network_gbps": node.network_gbps, "rdma": node.rdma,
                              "gpus": [_gpu_entry(g, latest.get(g.pk)) for g in node.gpus.all()]}
     if topo.get("links"):
-        entry["topology"] = {"kind": "matrix", "gpus": topo["gpus"], "nics": topo.get("nics", []),
+        entry["topology"] = {"kind": "matrix", "gpus": topo.get("gpus", []), "nics": topo.get("nics", []),
                              "links": topo["links"]}
-    if topo.get("p2p", {}).get("r"):
-        entry["p2p"] = {"kind": "p2p", "mode": "r", "gpus": topo["gpus"], "links": topo["p2p"]["r"]}
+    if isinstance(topo.get("p2p"), dict) and topo["p2p"].get("r"):
+        entry["p2p"] = {"kind": "p2p", "mode": "r", "gpus": topo.get("gpus", []), "links": topo["p2p"]["r"]}
     return entry
 
 
