@@ -17,6 +17,7 @@ from dashboard.models import PlanRequest
 from placement import PlacementError
 from placement.spec import catalog, load_model_within
 from tests.personas import seed_server
+from tests.test_placement_inputs import write_gguf
 
 SECRET = "pbkdf2_sha256$870000$not-a-real-hash-but-a-secret"
 CONFIG = {k: catalog()["Qwen3-32B"][k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -47,9 +48,12 @@ def refusal(ref: str, model_dirs: list[Path]) -> str:
 
 
 def test_it_reads_a_model_under_the_model_dirs_by_absolute_or_relative_path(dirs):
-    models, _ = dirs
+    models, outside = dirs
     assert load_model_within(str(models / "tiny"), [models]).num_layers == CONFIG["num_hidden_layers"]
     assert load_model_within("tiny/config.json", [models]).num_layers == CONFIG["num_hidden_layers"]
+    write_gguf(outside / "tiny.gguf", layers=3)
+    (models / "linked.gguf").symlink_to(outside / "tiny.gguf")  # its target lies in another allowed dir
+    assert load_model_within(str(models / "linked.gguf"), [models, outside]).num_layers == 3
 
 
 def test_it_says_the_same_about_every_path_outside_the_model_dirs_whether_it_exists_or_not(dirs):

@@ -86,3 +86,10 @@ def test_it_does_not_overwrite_a_request_that_finished_while_the_sweep_looked(qu
     assert not deploy.move_stale_plan(seen, timezone.now(), STALE_S)
     row.refresh_from_db()
     assert row.status == PlanStatus.DONE and row.result["plans"]
+
+
+def test_it_sweeps_on_the_beat_schedule_more_often_than_a_request_goes_stale(settings):
+    from layercake.celery import app
+
+    entry = next(e for e in settings.CELERY_BEAT_SCHEDULE.values() if e["task"] == "dashboard.tasks.sweep_stale_plans")
+    assert entry["task"] in app.tasks and entry["schedule"] < settings.PLAN_STALE_AFTER_S
