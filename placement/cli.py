@@ -81,7 +81,7 @@ def _issues(items: list[dict[str, str]]) -> str:
 
 
 def _plan_lines(result: PlanResult, data: dict[str, Any]) -> list[str]:
-    lines = [f"{data['model']['name']}: {len(result.plans)} plan(s), {len(result.rejected)} rejected"]
+    lines = [f"{data['model']['name']}: {len(result.plans)} plan(s), {data['rejected_total']} rejected"]
     for rank, (c, p) in enumerate(zip(result.plans, data["plans"], strict=False), 1):
         risks = ",".join(sorted({r["code"] for r in p["risks"]})) or "-"
         lines.append(f"{rank:>3}. {shape_text(c)} on {where_text(c)}: weights {p['weights_gib_per_gpu']:.1f} "
