@@ -13,6 +13,7 @@ import csv
 import json
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from importlib import resources
@@ -209,9 +210,9 @@ def _read_nodes(nodes: list[Any]) -> tuple[list[Node], list[NodeRejection]]:
 
 def _drop_repeated_names(built: list[Node], rejected: list[NodeRejection]) -> tuple[list[Node], list[NodeRejection]]:
     """Plans name nodes by name: nodes that share one cannot be told apart, so none of them is planned."""
-    names = [node.name for node in built]
-    repeated = {name for name in names if names.count(name) > 1}
-    rejected += [NodeRejection(name, f"cluster: {names.count(name)} nodes are named '{name}'; plans could not "
+    counts = Counter(node.name for node in built)
+    repeated = {name for name, count in counts.items() if count > 1}
+    rejected += [NodeRejection(name, f"cluster: {counts[name]} nodes are named '{name}'; plans could not "
                                f"say which one is meant") for name in sorted(repeated)]
     return [node for node in built if node.name not in repeated], rejected
 
