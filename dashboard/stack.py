@@ -90,8 +90,8 @@ def celery_worker_service(env: dict[str, str], log_dir: Path) -> Service:
 
 
 def celery_beat_service(env: dict[str, str], log_dir: Path) -> Service:
-    argv = [sys.executable, "-m", "celery", "-A", "layercake", "beat", "-l", "info",
-            "--pidfile", str(log_dir / "celerybeat.pid")]
+    # No pidfile: the stack supervises beat itself, and one left by a killed run made the next beat exit at once.
+    argv = [sys.executable, "-m", "celery", "-A", "layercake", "beat", "-l", "info", "--pidfile="]
     return Service("celery-beat", argv, env, log_dir / "celery-beat.log")
 
 

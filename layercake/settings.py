@@ -156,6 +156,12 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envfloat("CELERY_VISIBI
 # again (dashboard.tasks.resend_lost_launches): the worker that marked it may have been killed before sending,
 # and the broker gives that task back only after the visibility timeout.
 LAUNCH_RESEND_AFTER_S = envfloat("LAUNCH_RESEND_AFTER_S", "30")
+# A plan request still "planning" after this many seconds lost its worker (planning takes about a second):
+# dashboard.tasks.sweep_stale_plans queues it once more, then fails it with the reason.
+PLAN_STALE_AFTER_S = envfloat("PLAN_STALE_AFTER_S", "120")
+# The only directories whose config.json / GGUF files the server reads when a model path is typed in the deploy
+# form (symlinks are followed before the check), like the agent's --model-dir; os.pathsep-separated, empty: none.
+MODEL_DIRS = [Path(d) for d in os.environ.get("MODEL_DIRS", str(VAR_DIR / "models")).split(os.pathsep) if d]
 CELERY_TASK_SERIALIZER = "json"
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
@@ -225,4 +231,5 @@ CELERY_BEAT_SCHEDULE = {
     # Catches retries that came due and deliveries whose queued task was lost.
     "deliver-notifications": {"task": "dashboard.tasks.deliver_notifications", "schedule": 30.0},
     "resend-lost-launches": {"task": "dashboard.tasks.resend_lost_launches", "schedule": 10.0},
+    "sweep-stale-plans": {"task": "dashboard.tasks.sweep_stale_plans", "schedule": 30.0},
 }

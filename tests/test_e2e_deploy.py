@@ -21,6 +21,12 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
+def server_env(server_env, tmp_path):
+    """The server plans model files from the agent's model dir and from one the agent does not allow."""
+    return {**server_env, "MODEL_DIRS": os.pathsep.join(str(tmp_path / d) for d in ("models", "elsewhere"))}
+
+
+@pytest.fixture
 def seed_agent(live_stack, celery_worker, log_dir, tmp_path):
     """The demo's 4x A30 node with an agent that may launch models from tmp_path/models."""
     node, token = node_with_token("a30-seed")
@@ -123,9 +129,12 @@ def test_it_refuses_a_gguf_outside_the_agents_model_dirs_and_starts_nothing(oper
     gguf = smollm2_path()
     if gguf is None:
         pytest.skip("the SmolLM2 GGUF is not installed (scripts/install-inference.sh)")
-    outside = tmp_path / "elsewhere" / "smol.gguf"
+    outside = tmp_path / "elsewhere" / "smol.gguf"  # the server may read it (MODEL_DIRS), the agent may not
     outside.parent.mkdir()
-    outside.symlink_to(gguf)
+    try:
+        os.link(gguf, outside)
+    except OSError:
+        shutil.copyfile(gguf, outside)
     row = plan_through_the_form(operator, model=str(outside), backend="llama.cpp", max_model_len=2048)
     deployment = deploy_plan(operator, row)
     wait_until(lambda: state_of(deployment) == "failed", timeout=30, what="refusal")

@@ -58,7 +58,10 @@ class Command(BaseCommand):
         service = stack.redis_service(port, log_dir).start()
         stack.wait_for_port(port, proc=service.proc)
         self.stdout.write(f"embedded Redis on 127.0.0.1:{port}")
-        return [service], {"REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+        url = f"redis://127.0.0.1:{port}/0"
+        # For tools beside the stack (`celery inspect`, scripts/smoke_run.py): the embedded Redis moves each run.
+        write_private(settings.VAR_DIR / "redis-url.txt", url + "\n")
+        return [service], {"REDIS_URL": url}
 
     def start_server(self, port: int, env: dict[str, str], log_dir: Path) -> list[stack.Service]:
         asgi = stack.asgi_service(port, env, log_dir).start()
@@ -78,6 +81,13 @@ class Command(BaseCommand):
         finally:
             for service in reversed(services):
                 service.stop()
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read (it holds a credential)."""
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_text(text)
 
 
 def stop_like_ctrl_c(signum: int, frame: object) -> None:
