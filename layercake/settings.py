@@ -185,18 +185,17 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = VAR_DIR / "static"
-# Development serves static files straight from static/. Production serves what collectstatic wrote to
-# STATIC_ROOT, under content-hashed names (cached for a year) and pre-compressed, through whitenoise's
-# middleware: Django's ASGI handler runs it for uvicorn's requests like any other middleware.
+# Development serves static files straight from static/ (scripts/setup.sh makes var/static). Production serves
+# what collectstatic wrote to its state directory (LAYERCAKE_VAR), under content-hashed names (cached for a
+# year) and pre-compressed, through whitenoise's middleware: Django's ASGI handler runs it for uvicorn's
+# requests like any other middleware (reading each file in a thread: whitenoise's responses are synchronous).
+STATIC_ROOT = VAR_DIR / "static" if PRODUCTION else BASE_DIR / "var" / "static"
 WHITENOISE_USE_FINDERS = not PRODUCTION
 if PRODUCTION:
     STORAGES = {
         "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
         "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
     }
-
-if PRODUCTION:
     # Behind the TLS proxy (deploy/nginx-layercake.conf), which sets X-Forwarded-Proto on every request;
     # uvicorn listens on 127.0.0.1 only, so no client can set that header itself.
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
