@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
+import importlib
+
 from agents.gpus.base import GpuSource, GpuSourceError
 from agents.gpus.nvml import NvmlSource
+
+SIM_MODULE = "agents.sim.gpus"
 
 
 def make_source(spec: str) -> GpuSource:
     """The CLI's --gpu-source: "nvml" or "sim:SPEC"; anything else is a GpuSourceError."""
-    from agents.sim.gpus import PRESETS, SimSource  # agents.sim imports agents.gpus: load it on demand
-
     if spec == "nvml":
         return NvmlSource()
     if spec.startswith("sim:"):
-        return SimSource(spec)
-    raise GpuSourceError(f"unknown GPU source {spec!r}: use nvml or sim:SPEC (presets: {', '.join(PRESETS)})")
+        return sim_source_class()(spec)
+    raise GpuSourceError(f"unknown GPU source {spec!r}: use nvml or sim:SPEC (e.g. sim:a30x4)")
 
 
-__all__ = ["make_source"]
+def sim_source_class() -> type[GpuSource]:
+    """The simulated source, from the separately installed simulation (layercake-agent-sim)."""
+    try:
+        module = importlib.import_module(SIM_MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("agents.sim", SIM_MODULE):
+            raise
+        raise GpuSourceError("--gpu-source sim:... needs the simulation, which is not installed here "
+                             "(pip install layercake-agent-sim; a GPU node uses --gpu-source nvml)") from None
+    return module.SimSource
+
+
+__all__ = ["GpuSource", "GpuSourceError", "make_source"]

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from agents.gpus.base import GpuSource, GpuSourceError
+from agents.gpus.base import GpuSource, GpuSourceError, LoadAware
 from agents.protocol import GpuInfo, GpuProcess, GpuSample, TopoDevice, TopoLink, Topology, TopoNic
 from agents.topo import TopologyParseError, parse_topology
 
@@ -188,7 +188,7 @@ def p2p_label(model: GpuModel, link: str, mode: str) -> str:
     return "NS" if link in ("SYS", "SOC") else "OK"
 
 
-class SimSource(GpuSource):
+class SimSource(GpuSource, LoadAware):
     """Simulated GPUs from a spec; `set_load` and `inject_xid` let tests and demos drive them."""
 
     kind = "sim"
