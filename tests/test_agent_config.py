@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 
 from agents import protocol
-from agents.__main__ import build_parser, configure, main
+from agents.__main__ import SETTINGS, build_parser, configure, main
 from agents.backends import ADAPTERS, LaunchRefused
-from agents.config import ConfigError
+from agents.config import ConfigError, read_env_file
 from agents.gpus import make_source
 from agents.gpus.base import GpuSource, GpuSourceError
 from agents.runner import Agent, default_run_dir
 from agents.sim.gpus import SimSource
+from dashboard.stack import BASE_DIR
 
 
 @pytest.fixture(autouse=True)
@@ -177,3 +178,12 @@ def test_it_tells_only_a_load_aware_source_what_its_servers_use():
         agent.emit_status("dep-1", "loading")
     assert simulated.sample()[2].mem_used_mib == pytest.approx(0.9 * simulated.inventory()[2].memory_total_mib, rel=0.01)
     assert lookalike.pinned == []
+
+
+def test_it_documents_every_setting_in_the_example_env_file(tmp_path):
+    example = (BASE_DIR / "deploy" / "agent.env.example").read_text()
+    uncommented = env_file(tmp_path, example.replace("\n#LAYERCAKE_", "\nLAYERCAKE_"))
+    keys = {key for key in read_env_file(uncommented) if key.startswith("LAYERCAKE_")}
+    assert keys == {setting.env for setting in SETTINGS}
+    args = settings("--env-file", str(uncommented))  # every example value is valid
+    assert args.gpu_source == "nvml" and args.model_dir == [Path("/srv/models"), Path("/data/gguf")]
