@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from dashboard import alerts, tasks
+from dashboard import alerts, roles, tasks
 from dashboard.choices import AlertStatus, ChannelKind
 from dashboard.context_processors import banner_context
 from dashboard.models import Alert, Channel
@@ -58,6 +58,7 @@ def evidence_facts(evidence: dict[str, Any]) -> list[tuple[str, str]]:
 
 @login_required
 @require_POST
+@roles.requires(roles.ACKNOWLEDGE)
 def alert_acknowledge(request: HttpRequest, pk: int) -> HttpResponse:
     alert = get_object_or_404(Alert, pk=pk)
     if alerts.acknowledge(alert, request.user) is None:
@@ -67,6 +68,7 @@ def alert_acknowledge(request: HttpRequest, pk: int) -> HttpResponse:
 
 @login_required
 @require_POST
+@roles.requires(roles.PLAN)
 def alert_replan(request: HttpRequest, pk: int) -> HttpResponse:
     alert = get_object_or_404(Alert, pk=pk)
     try:
@@ -95,15 +97,19 @@ def alert_settings(request: HttpRequest) -> HttpResponse:
 
 
 def change_channels(request: HttpRequest, form: WebhookForm) -> bool:
-    """Apply one settings action (add, enable, disable, delete); False to show the form's errors."""
+    """Apply one settings action (add, enable, disable, delete); False to show the form's errors. Anyone may
+    turn their own mail off and on; webhooks need the webhooks ability."""
     action = request.POST.get("action")
     if action == "add":
+        roles.check(request.user, roles.WEBHOOKS)
         if not form.is_valid():
             return False
         Channel.objects.get_or_create(owner=request.user, kind=ChannelKind.WEBHOOK, value=form.cleaned_data["url"])
         return True
     pk = request.POST.get("channel", "")
     channel = get_object_or_404(Channel, pk=int(pk) if pk.isdigit() else 0, owner=request.user)
+    if channel.kind == ChannelKind.WEBHOOK:
+        roles.check(request.user, roles.WEBHOOKS)
     if action == "enable":
         channel.enable()
     elif action == "disable":

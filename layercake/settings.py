@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -78,6 +79,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_celery_beat",
+    "axes",  # before dashboard: the roles give admins axes' permissions (dashboard.roles.sync_roles)
     "dashboard",
 ]
 
@@ -90,7 +92,10 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: turns a locked-out login into the lockout page
 ]
+
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
 
 ROOT_URLCONF = "layercake.urls"
 ASGI_APPLICATION = "layercake.asgi.application"
@@ -106,6 +111,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "dashboard.context_processors.alert_banner",
+                "dashboard.roles.role_context",
             ],
         },
     },
@@ -177,6 +183,20 @@ FANOUT_SECONDS = envfloat("FANOUT_SECONDS", "0.5")
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+# Login lockout (django-axes): LOGIN_FAILURE_LIMIT wrong passwords for one username from one address lock
+# that pair out for LOGIN_COOLOFF_MINUTES; a successful login clears the count. Admins lift a lockout in the
+# admin (Access attempts) or with `manage.py axes_reset`.
+AXES_FAILURE_LIMIT = int(envfloat("LOGIN_FAILURE_LIMIT", "5"))
+AXES_COOLOFF_TIME = timedelta(minutes=envfloat("LOGIN_COOLOFF_MINUTES", "15"))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "dashboard.accounts.lockout_response"
+# Password reset mails: at most PASSWORD_RESET_LIMIT per address and per client within PASSWORD_RESET_WINDOW_S
+# (counted in the cache: the ASGI process's memory, right while the web unit runs one process; with more,
+# point CACHES at Redis).
+PASSWORD_RESET_LIMIT = int(envfloat("PASSWORD_RESET_LIMIT", "3"))
+PASSWORD_RESET_WINDOW_S = envfloat("PASSWORD_RESET_WINDOW_S", "3600")
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -14,16 +14,17 @@ import pytest
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs a loop in the test thread
 from django.db import connection
 
-from dashboard import stack
+from dashboard import roles, stack
 from layercake.settings import channel_layers
+from tests.personas import person
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
 @pytest.fixture
-def alice(django_user_model):
-    """Alice operates the cluster: a staff user with a password."""
-    return django_user_model.objects.create_user("alice", "alice@example.com", "alice-pw-123", is_staff=True)
+def alice(db):
+    """Alice operates the cluster: a user in the operator role with a password."""
+    return person("alice", roles.OPERATOR)
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from dashboard import stack
+from dashboard import roles, stack
 from dashboard.models import AgentToken, Node
 
 DEMO_FLEET = [
@@ -99,11 +99,13 @@ def ensure_admin(password_file: Path) -> tuple[str, str]:
     user_model, username = get_user_model(), "admin"
     user = user_model.objects.filter(username=username).first()
     if user is not None and password_file.exists():
+        roles.assign_role(user, roles.ADMIN)  # made before there were roles: it joins the admin role
         return username, password_file.read_text().strip()
     password = secrets.token_urlsafe(12)
     user = user or user_model(username=username, is_staff=True, is_superuser=True)
     user.set_password(password)
     user.save()
+    roles.assign_role(user, roles.ADMIN)
     password_file.write_text(password + "\n")
     password_file.chmod(0o600)
     return username, password
