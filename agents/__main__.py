@@ -11,6 +11,7 @@ from pathlib import Path
 
 from agents.gpus import make_source
 from agents.gpus.base import GpuSourceError
+from agents.ring import OutboxBusy
 from agents.runner import Agent, AgentRejected, LogTailer, default_run_dir
 
 
@@ -32,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", type=Path, default=default_run_dir(),
                      help="where supervised inference servers keep their logs and state "
                           "(default ~/.local/state/layercake-agent)")
+    run.add_argument("--disk-outbox", action="store_true",
+                     help="keep unsent samples in RUN_DIR/outbox.sqlite3, so that they survive a restart of "
+                          "the agent (bounded like --buffer-seconds)")
     return parser
 
 
@@ -63,10 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     except GpuSourceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    agent = Agent(args.server, args.token, source, args.interval, args.buffer_seconds, tailers,
-                  model_dirs=args.model_dir, run_dir=args.run_dir)
     try:
+        agent = Agent(args.server, args.token, source, args.interval, args.buffer_seconds, tailers,
+                      model_dirs=args.model_dir, run_dir=args.run_dir, disk_outbox=args.disk_outbox)
         asyncio.run(agent.run())
+    except OutboxBusy as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except AgentRejected as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3

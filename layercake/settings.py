@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 import dj_database_url
@@ -28,8 +29,35 @@ def envfloat(name: str, default: str) -> float:
         raise ImproperlyConfigured(f"{name} must be a number, not {value!r}") from None
 
 
+def private_secret(path: Path, nbytes: int = 32) -> str:
+    """The secret kept in `path` (mode 600), generated there the first time. Created under a temporary name
+    and linked into place, so that processes starting together all read the one secret."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    draft = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_urlsafe(nbytes) + "\n")
+    try:
+        os.link(draft, path)
+    except FileExistsError:
+        pass  # another process got there first: use its secret
+    finally:
+        draft.unlink()
+    return path.read_text().strip()
+
+
+# Keys that were ever published (the old development default): sessions signed with them can be forged.
+KNOWN_INSECURE_KEYS = {"layercake-dev-only-secret-key-change-me-in-production-0123456789"}
+
 DEBUG = envbool("DEBUG", "false")
-SECRET_KEY = os.environ.get("SECRET_KEY", "layercake-dev-only-secret-key-change-me-in-production-0123456789")
+SECRET_KEY = os.environ.get("SECRET_KEY") or private_secret(VAR_DIR / "secret-key", 50)
+if SECRET_KEY in KNOWN_INSECURE_KEYS and not DEBUG:
+    raise ImproperlyConfigured("SECRET_KEY is a published development key; unset it (a key is then generated "
+                               "into var/secret-key) or set a secret one")
 ALLOWED_HOSTS = os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 SITE_URL = os.environ.get("SITE_URL", "http://127.0.0.1:8000")
