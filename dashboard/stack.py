@@ -53,14 +53,19 @@ class Service:
     log_path: Path | None = None
     proc: subprocess.Popen | None = None
     log_start: int = 0  # where this run's output begins in the (appended) log
+    started_at: float = 0.0
 
     def start(self) -> Service:
+        self.started_at = time.monotonic()
         self.log_start = self.log_path.stat().st_size if self.log_path and self.log_path.exists() else 0
         out = self.log_path.open("ab") if self.log_path else subprocess.DEVNULL
         env = {**os.environ, **self.env}
         self.proc = subprocess.Popen(self.argv, env=env, cwd=BASE_DIR, stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         return self
+
+    def up_for(self) -> float:
+        return time.monotonic() - self.started_at
 
     def log_since_start(self) -> str:
         if self.log_path is None or not self.log_path.exists():

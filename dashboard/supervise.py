@@ -50,7 +50,6 @@ class Child:
     component: Component
     service: Service
     restarts: int = 0
-    up_since: float = field(default_factory=time.monotonic)
     restart_at: float | None = None
 
 
@@ -111,10 +110,10 @@ class Keeper:
         for child in self.children:
             if child.restart_at is not None:
                 if now >= child.restart_at:
-                    self.restart(child, now)
+                    self.restart(child)
             elif child.service.proc.poll() is not None:
                 self.schedule_restart(child, now)
-            elif now - child.up_since >= self.stable_after:
+            elif child.service.up_for() >= self.stable_after:
                 child.restarts = 0
 
     def schedule_restart(self, child: Child, now: float) -> None:
@@ -124,9 +123,9 @@ class Keeper:
         self.say(f"{child.service.name} exited ({exit_reason(child.service.proc.returncode)}); "
                  f"restarting in {delay:g} s (restart {child.restarts})")
 
-    def restart(self, child: Child, now: float) -> None:
+    def restart(self, child: Child) -> None:
         child.service.start()
-        child.restart_at, child.up_since = None, now
+        child.restart_at = None
         self.say(f"{child.service.name} restarted (pid {child.service.proc.pid})")
 
     def run_forever(self, poll: float = 0.25) -> None:

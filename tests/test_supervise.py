@@ -11,6 +11,7 @@ import time
 import pytest
 
 from dashboard import stack
+from dashboard.management.commands.runstack import BEAT_SETTLE_S, beat_is_beating
 from dashboard.supervise import Component, Keeper, StartupFailed
 
 SLEEPER = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]
@@ -132,3 +133,16 @@ def test_it_stops_all_children_together_within_one_timeout(keeper, tmp_path):
     took = time.monotonic() - started
     assert all(c.service.proc.returncode == -signal.SIGKILL for c in keeper.children)
     assert took < 2.0, f"stopping three stubborn children took {took:.1f} s: one timeout after another"
+
+
+@pytest.mark.parametrize(("log", "up_for", "ready"), [
+    ("beat: Starting...\nScheduler: Sending due task evaluate-fleet (dashboard.tasks.evaluate_fleet)\n", 1, True),
+    ("beat: Starting...\n", 1, False),
+    ("beat: Starting...\n", BEAT_SETTLE_S + 1, True),  # nothing due yet with long intervals, but it runs
+    ("Traceback (most recent call last):\n", BEAT_SETTLE_S + 1, False),
+])
+def test_it_takes_beat_as_up_once_it_sent_a_task_or_ran_a_while(tmp_path, log, up_for, ready):
+    beat = stack.Service("celery-beat", SLEEPER, log_path=tmp_path / "celery-beat.log")
+    beat.log_path.write_text(log)
+    beat.started_at = time.monotonic() - up_for
+    assert beat_is_beating(None, beat) is ready

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ DEMO_FLEET = [
 ]
 # Logs may be read by the operator's group; nothing the stack writes is readable by other users.
 STACK_UMASK = 0o027
+BEAT_SETTLE_S = 20.0
 
 
 @dataclass
@@ -55,8 +57,19 @@ def login_page_answers(context: StackContext, service: stack.Service) -> bool:
     return stack.http_answers(f"http://127.0.0.1:{context.port}/accounts/login/")
 
 
-def beat_sent_a_task(context: StackContext, service: stack.Service) -> bool:
-    return "Sending due task" in service.log_since_start()
+def redis_answers(context: StackContext, service: stack.Service) -> bool:
+    return stack.redis_answers(context.redis_url)
+
+
+def worker_answers(context: StackContext, service: stack.Service) -> bool:
+    return stack.celery_worker_answers(context.redis_url, service)
+
+
+def beat_is_beating(context: StackContext, service: stack.Service) -> bool:
+    """It sent a periodic task (the shortest schedule is at most 10 s), or it has run for a while: with long
+    intervals nothing may be due yet."""
+    log = service.log_since_start()
+    return "Sending due task" in log or ("beat: Starting" in log and service.up_for() >= BEAT_SETTLE_S)
 
 
 def agent_connected(node: str):
@@ -68,12 +81,11 @@ def agent_connected(node: str):
 
 # The stack, in start-up order. A component is one line; `blocking` ones must answer before the next starts.
 SERVER_COMPONENTS = [
-    Component("redis", lambda c: stack.redis_service(c.redis_port, c.log_dir, c.redis_config),
-              lambda c, s: stack.redis_answers(c.redis_url), blocking=True, when=lambda c: c.redis_port is not None),
+    Component("redis", lambda c: stack.redis_service(c.redis_port, c.log_dir, c.redis_config), redis_answers,
+              blocking=True, when=lambda c: c.redis_port is not None),
     Component("asgi", lambda c: stack.asgi_service(c.port, c.env, c.log_dir), login_page_answers, blocking=True),
-    Component("celery-worker", lambda c: stack.celery_worker_service(c.env, c.log_dir),
-              lambda c, s: stack.celery_worker_answers(c.redis_url, s)),
-    Component("celery-beat", lambda c: stack.celery_beat_service(c.env, c.log_dir), beat_sent_a_task),
+    Component("celery-worker", lambda c: stack.celery_worker_service(c.env, c.log_dir), worker_answers),
+    Component("celery-beat", lambda c: stack.celery_beat_service(c.env, c.log_dir), beat_is_beating),
 ]
 
 
@@ -211,5 +223,10 @@ def deploy_demo_model(env: dict[str, str], log_dir: Path, say) -> None:
     to the same Redis as the stack)."""
     demo = stack.Service("deploy-demo", [sys.executable, "manage.py", "deploy_demo"], env,
                          log_dir / "deploy-demo.log").start()
-    demo.proc.wait(timeout=120)
+    try:
+        demo.proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        demo.stop()
+        say(f"the demo deployment did not finish within 120 s (see {demo.log_path})")
+        return
     say(demo.log_tail(1))
