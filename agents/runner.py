@@ -22,7 +22,7 @@ import websockets
 
 from agents import __version__, protocol
 from agents.backends import LaunchRefused
-from agents.gpus.base import GpuSource, GpuSourceError
+from agents.gpus.base import GpuSource, GpuSourceError, LoadAware
 from agents.ring import Outbox, outbox_owner
 from agents.supervisor import Supervisor
 
@@ -161,7 +161,7 @@ class Agent:
     # by the server's KV pool, utilization while it generates), so downstream sees what it would see.
     def reflect_on_simulated_gpus(self, deployment: str, state: str) -> None:
         launch = self.launch_of(deployment)
-        if launch is None or not hasattr(self.source, "set_load"):
+        if launch is None or not isinstance(self.source, LoadAware):
             return
         totals = {g.index: g.memory_total_mib for g in self.source.inventory()}
         fraction = launch.options.gpu_memory_utilization or 0.9
@@ -180,7 +180,7 @@ class Agent:
 
     def reflect_generation(self, deployment: str, generated: float | None) -> None:
         launch = self.launch_of(deployment)
-        if launch is None or generated is None or not hasattr(self.source, "set_load"):
+        if launch is None or generated is None or not isinstance(self.source, LoadAware):
             return
         moving = generated > self.generated.get(deployment, generated)
         self.generated[deployment] = generated

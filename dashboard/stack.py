@@ -52,6 +52,7 @@ class Service:
     env: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
     proc: subprocess.Popen | None = None
+    inherit_env: bool = True  # False: only `env`, as systemd starts a unit
     log_start: int = 0  # where this run's output begins in the (appended) log
     started_at: float = 0.0
 
@@ -59,7 +60,7 @@ class Service:
         self.started_at = time.monotonic()
         self.log_start = self.log_path.stat().st_size if self.log_path and self.log_path.exists() else 0
         out = self.log_path.open("ab") if self.log_path else subprocess.DEVNULL
-        env = {**os.environ, **self.env}
+        env = {**os.environ, **self.env} if self.inherit_env else self.env
         self.proc = subprocess.Popen(self.argv, env=env, cwd=BASE_DIR, stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         return self
@@ -116,8 +117,8 @@ def celery_worker_service(env: dict[str, str], log_dir: Path) -> Service:
 
 
 def celery_beat_service(env: dict[str, str], log_dir: Path) -> Service:
-    argv = [sys.executable, "-m", "celery", "-A", "layercake", "beat", "-l", "info",
-            "--pidfile", str(log_dir / "celerybeat.pid")]
+    # No pidfile: the stack supervises beat itself, and one left by a killed run made the next beat exit at once.
+    argv = [sys.executable, "-m", "celery", "-A", "layercake", "beat", "-l", "info", "--pidfile="]
     return Service("celery-beat", argv, env, log_dir / "celery-beat.log")
 
 

@@ -48,6 +48,18 @@ def plan_request(request_id: int) -> str:
     return row.status
 
 
+@shared_task(ignore_result=False)
+def sweep_stale_plans() -> int:
+    """Plan requests left "planning" by a worker that died: queue each once more, then fail it with the reason
+    (the broker would give the task back only after its visibility timeout, an hour)."""
+    again, failed = deploy.sweep_stale_plans(timezone.now(), settings.PLAN_STALE_AFTER_S)
+    for row in again:
+        plan_request.delay(row.pk)
+    for row in failed:
+        async_to_sync(announce_plan)(row.pk, row.status)
+    return len(again) + len(failed)
+
+
 @shared_task(ignore_result=False, acks_late=True, autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
 def launch_deployment(deployment_id: str) -> str:
     """Send the launch command to the node's agent. Safe to run twice: the agent launches once per id."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agents import protocol
-from agents.gpus.sim import SimSource
+from agents.sim.gpus import SimSource
 from dashboard.ingest import apply_hello
 from dashboard.models import Node
 

@@ -3,6 +3,7 @@ survives a restart of the agent itself, bounded like the in-memory ring."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import stat
@@ -11,6 +12,8 @@ import time
 import pytest
 from django.utils import timezone
 
+from agents.__main__ import build_parser, configure
+from agents.config import ConfigError
 from agents.ring import Outbox, OutboxBusy, outbox_owner
 from dashboard import stack
 from dashboard.models import GpuSample, Node
@@ -117,3 +120,27 @@ def test_it_sends_what_it_sampled_before_a_restart_while_the_server_was_down(liv
         assert gpu_seqs == list(range(1, len(gpu_seqs) + 1)), "a gap or a duplicate"
     before_the_kill = GpuSample.objects.filter(gpu__node=node, gpu__index=0, t__lt=killed_at).count()
     assert before_the_kill >= 8, f"only {before_the_kill} samples of the first run were stored"
+
+
+@pytest.mark.parametrize(("argv", "variable", "on"), [
+    ([], None, False),
+    (["--disk-outbox"], None, True),
+    ([], "true", True),
+    ([], "no", False),
+    (["--disk-outbox"], "false", True),  # the flag wins
+])
+def test_it_is_switched_on_by_the_flag_or_the_variable(monkeypatch, argv, variable, on):
+    for key in [key for key in os.environ if key.startswith("LAYERCAKE_")]:
+        monkeypatch.delenv(key)
+    if variable is not None:
+        monkeypatch.setenv("LAYERCAKE_DISK_OUTBOX", variable)
+    args = build_parser().parse_args(["run", "--server", "http://dash:8000", "--token", "lc_x", *argv])
+    configure(args)
+    assert args.disk_outbox is on
+
+
+def test_it_names_the_variable_when_its_value_is_not_a_boolean(monkeypatch):
+    monkeypatch.setenv("LAYERCAKE_DISK_OUTBOX", "sometimes")
+    args = build_parser().parse_args(["run", "--server", "http://dash:8000", "--token", "lc_x"])
+    with pytest.raises(ConfigError, match="LAYERCAKE_DISK_OUTBOX .*expected true or false, got 'sometimes'"):
+        configure(args)

@@ -12,9 +12,9 @@ import pytest
 
 from dashboard import stack
 from dashboard.management.commands.runstack import ensure_admin, login_line, protect_files, write_private
-from layercake.settings import KNOWN_INSECURE_KEYS
+from layercake.settings import DEV_SECRET_KEY
 
-OLD_DEFAULT_KEY = "layercake-dev-only-secret-key-change-me-in-production-0123456789"
+OLD_DEFAULT_KEY = DEV_SECRET_KEY  # what run.sh used before
 
 
 def mode(path) -> int:
@@ -39,7 +39,7 @@ def test_it_generates_the_secret_key_into_var_once_and_keeps_it(tmp_path):
     first, second = python(PRINT_KEY, tmp_path / "var"), python(PRINT_KEY, tmp_path / "var")
     key = (tmp_path / "var" / "secret-key").read_text().strip()
     assert first.stdout.strip() == second.stdout.strip() == key
-    assert len(key) >= 50 and key not in KNOWN_INSECURE_KEYS
+    assert len(key) >= 50 and key != DEV_SECRET_KEY
     assert mode(tmp_path / "var" / "secret-key") == 0o600 and mode(tmp_path / "var") == 0o700
 
 

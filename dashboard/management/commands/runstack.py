@@ -123,6 +123,8 @@ class Command(BaseCommand):
             password = private_secret(var_dir / "redis-password")
             context.redis_config = write_private(var_dir / "redis.conf", f"requirepass {password}\n")
             context.env["REDIS_URL"] = f"redis://:{password}@127.0.0.1:{context.redis_port}/0"
+            # For tools beside the stack (`celery inspect`, scripts/smoke_run.py): the embedded Redis moves each run.
+            write_private(var_dir / "redis-url.txt", context.env["REDIS_URL"] + "\n")
         return context
 
     def start(self, keeper: Keeper, context: StackContext, no_demo: bool) -> None:
