@@ -12,9 +12,10 @@ import os
 import sys
 from pathlib import Path
 
-from agents.config import ConfigError, Setting, environment, resolve, seconds, url
+from agents.config import ConfigError, Setting, boolean, environment, resolve, seconds, url
 from agents.gpus import make_source
 from agents.gpus.base import GpuSourceError
+from agents.ring import OutboxBusy
 from agents.runner import Agent, AgentRejected, LogTailer, default_run_dir
 
 
@@ -43,6 +44,9 @@ SETTINGS = (
     Setting("run_dir", "--run-dir", "LAYERCAKE_RUN_DIR", Path, default_run_dir, metavar="DIR",
             help="where supervised inference servers keep their logs and state "
                  "(default ~/.local/state/layercake-agent)"),
+    Setting("disk_outbox", "--disk-outbox", "LAYERCAKE_DISK_OUTBOX", boolean, lambda: False,
+            help="keep unsent samples in RUN_DIR/outbox.sqlite3, so that they survive a restart of the agent "
+                 "(bounded like --buffer-seconds)"),
 )
 
 
@@ -77,10 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     except GpuSourceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    agent = Agent(args.server, args.token, source, args.interval, args.buffer_seconds, args.log,
-                  model_dirs=args.model_dir, run_dir=args.run_dir)
     try:
+        agent = Agent(args.server, args.token, source, args.interval, args.buffer_seconds, args.log,
+                      model_dirs=args.model_dir, run_dir=args.run_dir, disk_outbox=args.disk_outbox)
         asyncio.run(agent.run())
+    except OutboxBusy as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except AgentRejected as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3

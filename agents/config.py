@@ -41,6 +41,10 @@ class Setting:
     metavar: str | None = None
 
     def add_to(self, parser: argparse.ArgumentParser) -> None:
+        if self.read is boolean:  # a switch: the flag alone means true; the variable says true or false
+            parser.add_argument(self.flag, dest=self.dest, action="store_const", const="true",
+                                help=f"{self.help} [env {self.env}=true]")
+            return
         parser.add_argument(self.flag, dest=self.dest, action="append" if self.many else "store",
                             metavar=self.metavar, help=f"{self.help} [env {self.env}]")
 
@@ -56,6 +60,13 @@ def seconds(text: str) -> float:
         return float(text)
     except ValueError:
         raise ValueError(f"expected a number of seconds, got {text!r}") from None
+
+
+def boolean(text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError(f"expected true or false, got {text!r}")
+    return value in ("true", "1", "yes")
 
 
 def url(text: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 from datetime import timedelta
 from pathlib import Path
 
@@ -29,6 +30,27 @@ def envfloat(name: str, default: str) -> float:
         raise ImproperlyConfigured(f"{name} must be a number, not {value!r}") from None
 
 
+def private_secret(path: Path, nbytes: int = 32) -> str:
+    """The secret kept in `path` (mode 600), generated there the first time. Created under a temporary name
+    and linked into place, so that processes starting together all read the one secret."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    draft = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_urlsafe(nbytes) + "\n")
+    try:
+        os.link(draft, path)
+    except FileExistsError:
+        pass  # another process got there first: use its secret
+    finally:
+        draft.unlink()
+    return path.read_text().strip()
+
+
 def envlist(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
@@ -46,6 +68,8 @@ PROFILE = os.environ.get("LAYERCAKE_ENV", "development")
 if PROFILE not in ("development", "production"):
     raise ImproperlyConfigured(f"LAYERCAKE_ENV must be development or production, not {PROFILE!r}")
 PRODUCTION = PROFILE == "production"
+# The development default of earlier versions: published, so sessions signed with it can be forged. Refused
+# unless DEBUG is on; without SECRET_KEY the development profile generates one into var/secret-key instead.
 DEV_SECRET_KEY = "layercake-dev-only-secret-key-change-me-in-production-0123456789"
 NEW_KEY_COMMAND = "python3 -c 'import secrets; print(secrets.token_urlsafe(50))'"
 
@@ -60,10 +84,19 @@ def production_secret_key() -> str:
     return key
 
 
+def development_secret_key() -> str:
+    """SECRET_KEY from the environment, else the one generated into var/ on first use."""
+    key = os.environ.get("SECRET_KEY") or private_secret(VAR_DIR / "secret-key", 50)
+    if key == DEV_SECRET_KEY and not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY is a published development key; unset it (a key is then generated "
+                                   "into var/secret-key) or set a secret one")
+    return key
+
+
 DEBUG = envbool("DEBUG", "false")
 if PRODUCTION and DEBUG:
     raise ImproperlyConfigured("DEBUG must be off with LAYERCAKE_ENV=production (it shows settings and code to visitors)")
-SECRET_KEY = production_secret_key() if PRODUCTION else os.environ.get("SECRET_KEY", DEV_SECRET_KEY)
+SECRET_KEY = production_secret_key() if PRODUCTION else development_secret_key()
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "" if PRODUCTION else "localhost,127.0.0.1,[::1]")
 if PRODUCTION and not ALLOWED_HOSTS:
     required_env("ALLOWED_HOSTS", "layercake.example.com")
