@@ -19,7 +19,7 @@ from dashboard.models import Alert, Channel
 
 RECENT_RESOLVED = 50
 # Evidence keys the detail page draws in their own sections; the rest are listed as facts.
-DRAWN_EVIDENCE = ("log", "series", "log_findings")
+DRAWN_EVIDENCE = ("log", "series", "log_findings", "nodes")
 
 
 class WebhookForm(forms.Form):
