@@ -279,8 +279,8 @@ def deliver(notification: Notification) -> None:
 
 
 def skip_reason(notification: Notification) -> str:
-    if not notification.channel.enabled:
-        return f"channel disabled: {notification.channel.disabled_reason}"
+    if not notification.channel.enabled:  # the reason may be a raw transport error: not repeated here
+        return "channel disabled" + (" after a failed delivery" if notification.channel.disabled_reason else "")
     if notification.attempt > 1 and notification.alert.status != notification.event.new_status:
         return f"superseded: the alert is {notification.alert.status} now"  # a late retry would mislead
     return ""

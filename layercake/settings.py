@@ -122,8 +122,7 @@ LAUNCH_RESEND_AFTER_S = envfloat("LAUNCH_RESEND_AFTER_S", "30")
 CELERY_TASK_SERIALIZER = "json"
 # Notifications have their own queue and worker (runstack starts it with -Q notify): a slow mail server or
 # webhook never delays hang detection (evaluate_fleet) or planning on the default queue.
-NOTIFY_QUEUE = "notify"
-CELERY_TASK_ROUTES = {"dashboard.tasks.deliver_notifications": {"queue": NOTIFY_QUEUE}}
+CELERY_TASK_ROUTES = {"dashboard.tasks.deliver_notifications": {"queue": "notify"}}
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
 

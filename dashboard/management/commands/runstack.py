@@ -1,5 +1,6 @@
-"""`python manage.py runstack`: Redis (embedded unless REDIS_URL), the ASGI server, Celery worker and
-beat, and a demo fleet of simulated agents. Ctrl-C stops everything."""
+"""`python manage.py runstack`: Redis (embedded unless REDIS_URL), the ASGI server, Celery workers (the
+default queue, and the notify queue for alert delivery) and beat, and a demo fleet of simulated agents.
+Ctrl-C stops everything."""
 
 from __future__ import annotations
 
@@ -64,8 +65,9 @@ class Command(BaseCommand):
         asgi = stack.asgi_service(port, env, log_dir).start()
         stack.wait_for_port(port, proc=asgi.proc)
         worker = stack.celery_worker_service(env, log_dir).start()
+        notify = stack.celery_notify_worker_service(env, log_dir).start()
         beat = stack.celery_beat_service(env, log_dir).start()
-        return [asgi, worker, beat]
+        return [asgi, worker, notify, beat]
 
     def wait(self, services: list[stack.Service]) -> None:
         try:
