@@ -109,9 +109,8 @@ def celery_worker(server_env, log_dir, settings):
 
 
 @pytest.fixture
-def notify_worker(server_env, log_dir, settings):
-    """The real Celery worker of the notify queue (alert delivery), as runstack starts it."""
-    point_celery_at(server_env["REDIS_URL"], settings)
+def notify_worker(celery_worker, server_env, log_dir):
+    """Besides `celery_worker`, the real worker of the notify queue (alert delivery), as runstack starts them."""
     worker = stack.celery_notify_worker_service(server_env, log_dir).start()
     yield worker
     worker.stop()

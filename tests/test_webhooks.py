@@ -14,6 +14,7 @@ from django.utils import timezone
 from dashboard import alerts, egress, stack
 from dashboard.choices import ChannelKind, NotificationStatus
 from dashboard.models import Alert, Channel, Node, Notification
+from tests.e2e import wait_until
 from tests.test_alerts import stall, webhook
 
 pytestmark = pytest.mark.django_db
@@ -163,24 +164,16 @@ def test_it_keeps_detecting_while_a_webhook_receiver_hangs(server_env, log_dir, 
                 stack.celery_beat_service(env, log_dir).start()]
     try:
         Node.objects.filter(pk=first.pk).update(last_seen=timezone.now() - timedelta(seconds=60))
-        sending = wait_for(lambda: Notification.objects.filter(status=NotificationStatus.SENDING).first(), 60)
+        sending = wait_until(lambda: Notification.objects.filter(status=NotificationStatus.SENDING).first(), 60)
         claimed = time.monotonic()
         Node.objects.filter(pk=second.pk).update(last_seen=timezone.now() - timedelta(seconds=60))
-        wait_for(lambda: Alert.objects.filter(key=f"node-lost:{second.pk}").exists(), 10)
+        wait_until(lambda: Alert.objects.filter(key=f"node-lost:{second.pk}").exists(), 10)
         assert Notification.objects.get(pk=sending.pk).status == NotificationStatus.SENDING  # still held up
         assert time.monotonic() - claimed < 4.0  # detection ran on schedule meanwhile
-        failed = wait_for(lambda: Notification.objects.filter(pk=sending.pk, status=NotificationStatus.FAILED).first(), 30)
+        failed = wait_until(lambda: Notification.objects.filter(pk=sending.pk, status=NotificationStatus.FAILED).first(), 30)
         assert failed.error == f"{silent_receiver} did not answer within 5 s" and 5.0 <= failed.duration < 6.0
         assert Notification.objects.filter(alert=failed.alert, attempt=2, status=NotificationStatus.PENDING).exists()
     finally:
         for service in services:
             service.stop()
 
-
-def wait_for(found, timeout: float):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := found():
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout} s")
