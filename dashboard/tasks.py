@@ -158,26 +158,8 @@ def evaluate_fleet() -> int:
     from dashboard import alerts, detect
 
     problems, judged = detect.fleet_problems()
-    for p in problems:
-        alerts.raise_alert(key=p.key, kind=p.kind, title=p.title, cause=p.cause, remedy=p.remedy,
-                           severity=p.severity, evidence=p.evidence, actions=p.actions, deployment=p.deployment,
-                           node=p.node)
-    found = {p.key for p in problems}
-    for alert in alerts.open_alerts():
-        reason = _resolution(alert, found, judged)
-        if reason:
-            alerts.resolve_alert(alert.key, reason)
+    alerts.sync(problems, judged)
     return len(problems)
-
-
-def _resolution(alert, found: set[str], judged: set[str]) -> str | None:
-    if alert.key in found:
-        return None
-    if alert.deployment_id and alert.deployment.state == DeploymentState.STOPPED:
-        return "the deployment was stopped"
-    if alert.key in judged or any(alert.key.startswith(j) for j in judged if j.endswith(":")):
-        return "the condition cleared"
-    return None
 
 
 @shared_task(ignore_result=False)

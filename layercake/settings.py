@@ -202,6 +202,9 @@ PLAN_STALE_AFTER_S = envfloat("PLAN_STALE_AFTER_S", "120")
 # form (symlinks are followed before the check), like the agent's --model-dir; os.pathsep-separated, empty: none.
 MODEL_DIRS = [Path(d) for d in os.environ.get("MODEL_DIRS", str(VAR_DIR / "models")).split(os.pathsep) if d]
 CELERY_TASK_SERIALIZER = "json"
+# Notifications have their own queue and worker (runstack starts it with -Q notify): a slow mail server or
+# webhook never delays hang detection (evaluate_fleet) or planning on the default queue.
+CELERY_TASK_ROUTES = {"dashboard.tasks.deliver_notifications": {"queue": "notify"}}
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
 
@@ -268,6 +271,17 @@ DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "layercake@localhost")
 ALERT_MAIL_LIMIT = int(envfloat("ALERT_MAIL_LIMIT", "10"))
 ALERT_MAIL_WINDOW_S = envfloat("ALERT_MAIL_WINDOW_S", "600")
 ALERT_SMTP_TIMEOUT_S = envfloat("ALERT_SMTP_TIMEOUT_S", "15")
+# Webhooks reach public internet addresses only; an admin allows named internal hosts (comma-separated host
+# names or IP literals, matched against the URL's host). Short timeouts: a receiver that accepts and never
+# answers holds a notify worker for WEBHOOK_CONNECT_TIMEOUT_S + WEBHOOK_READ_TIMEOUT_S at most per try.
+WEBHOOK_ALLOWED_HOSTS = [h for h in os.environ.get("WEBHOOK_ALLOWED_HOSTS", "").split(",") if h.strip()]
+WEBHOOK_CONNECT_TIMEOUT_S = envfloat("WEBHOOK_CONNECT_TIMEOUT_S", "3")
+WEBHOOK_READ_TIMEOUT_S = envfloat("WEBHOOK_READ_TIMEOUT_S", "5")
+# Alert storms: NODE_LOST_GROUP_MIN or more nodes lost within NODE_LOST_GROUP_WINDOW_S of each other open one
+# incident (one alert, one mail) instead of one alert per node. A node lost alone waits out the window
+# before its own alert opens, in case the others follow (Alertmanager's group_wait).
+NODE_LOST_GROUP_MIN = int(envfloat("NODE_LOST_GROUP_MIN", "5"))
+NODE_LOST_GROUP_WINDOW_S = envfloat("NODE_LOST_GROUP_WINDOW_S", "10")
 
 LOGGING = {
     "version": 1,

@@ -78,6 +78,10 @@ class Alert(models.Model):
         """evidence["log"]: the log lines around the onset, as the rule passed them."""
         return [str(line) for line in (self.evidence or {}).get("log", [])]
 
+    def member_nodes(self) -> list[dict[str, Any]]:
+        """evidence["nodes"] of an incident grouping many lost nodes: {"id", "name", "lost_at", "back_at"} each."""
+        return list((self.evidence or {}).get("nodes", []))
+
     def replan_fields(self) -> dict[str, Any] | None:
         return (self.actions or {}).get("replan")
 

@@ -1,6 +1,7 @@
-"""`python manage.py runstack`: Redis (embedded unless REDIS_URL), the ASGI server, Celery worker and
-beat, and a demo fleet of simulated agents. Each is checked ready before the stack says it is running; a
-child that exits later is restarted with backoff. Ctrl-C stops everything."""
+"""`python manage.py runstack`: Redis (embedded unless REDIS_URL), the ASGI server, Celery workers (the
+default queue, and the notify queue for alert delivery) and beat, and a demo fleet of simulated agents. Each is
+checked ready before the stack says it is running; a child that exits later is restarted with backoff. Ctrl-C
+stops everything."""
 
 from __future__ import annotations
 
@@ -85,6 +86,7 @@ SERVER_COMPONENTS = [
               blocking=True, when=lambda c: c.redis_port is not None),
     Component("asgi", lambda c: stack.asgi_service(c.port, c.env, c.log_dir), login_page_answers, blocking=True),
     Component("celery-worker", lambda c: stack.celery_worker_service(c.env, c.log_dir), worker_answers),
+    Component("celery-notify", lambda c: stack.celery_notify_worker_service(c.env, c.log_dir), worker_answers),
     Component("celery-beat", lambda c: stack.celery_beat_service(c.env, c.log_dir), beat_is_beating),
 ]
 
