@@ -5,6 +5,8 @@ stops everything."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import secrets
 import signal
@@ -21,6 +23,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
+from agents.supervisor import Child
 from dashboard import roles, stack
 from dashboard.models import AgentToken, Node
 from dashboard.supervise import Component, Keeper, StartupFailed
@@ -113,6 +116,7 @@ class Command(BaseCommand):
             self.say("stopping…")
         finally:
             keeper.stop_all()
+            stop_demo_servers(context.var_dir)
 
     def prepare(self, port: int) -> StackContext:
         var_dir, log_dir = settings.VAR_DIR, settings.VAR_DIR / "log"
@@ -208,6 +212,31 @@ def demo_agents(context: StackContext) -> list[Component]:
     server = f"http://127.0.0.1:{context.port}"
     return [Component(f"agent {name}", agent_builder(server, name, spec, context.var_dir), agent_connected(name))
             for name, spec in DEMO_FLEET]
+
+
+def demo_servers(var_dir: Path) -> list[Child]:
+    """The inference servers the demo agents started, as their state files record them (pid and start time,
+    so a pid reused by another process is left alone)."""
+    servers = []
+    for state_file in (var_dir / "agents").glob("*/*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            state = json.loads(state_file.read_text())
+            servers.append(Child(int(state["pid"]), state["start_ticks"]))
+    return [server for server in servers if not server.exited()]
+
+
+def stop_demo_servers(var_dir: Path, grace_s: float = 1.5) -> None:
+    """Agents leave their inference servers running on purpose (a restarted agent re-attaches to them); the
+    demo stops them with the stack, after the agents, so that no agent reports them as crashed."""
+    servers = demo_servers(var_dir)
+    for server in servers:
+        server.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and not all(server.exited() for server in servers):
+        time.sleep(0.1)
+    for server in servers:
+        if not server.exited():
+            server.signal_group(signal.SIGKILL)
 
 
 def agent_builder(server: str, name: str, spec: str, var_dir: Path):
