@@ -1,6 +1,7 @@
 """The agent endpoint: tokens, validation, storage, acks and replay dedupe (in-process, in-memory layer)."""
 
 import json
+import time
 
 import pytest
 import pytest_asyncio
@@ -14,6 +15,7 @@ from layercake.asgi import application
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 IN_MEMORY = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+T0 = time.time() - 3600  # samples are from the last hour: the server refuses times far from its clock
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +45,7 @@ def hello(boot="boot-0001", gpus=2):
 
 
 def samples(seq, gpus=2):
-    return {"type": "samples", "v": 1, "seq": seq, "t": 1_700_000_000.0 + seq,
+    return {"type": "samples", "v": 1, "seq": seq, "t": T0 + seq,
             "gpus": [{"index": i, "util_gpu": 10, "util_mem": 5, "mem_used_mib": 100, "mem_free_mib": 24000,
                       "temp_c": 35, "power_w": 60} for i in range(gpus)]}
 
@@ -160,7 +162,7 @@ async def test_it_requires_hello_before_samples():
 async def test_it_stores_log_tails():
     comm = await connect(await make_node())
     await say(comm, hello())
-    ack = await say(comm, {"type": "logs", "v": 1, "seq": 1, "t": 1.0, "source": "agent", "lines": ["a", "b"]})
+    ack = await say(comm, {"type": "logs", "v": 1, "seq": 1, "t": T0, "source": "agent", "lines": ["a", "b"]})
     assert ack["seq"] == 1
     chunk = await database_sync_to_async(LogChunk.objects.get)()
     assert chunk.lines == ["a", "b"]
