@@ -107,17 +107,24 @@ def hello_with(**values):
     return frame
 
 
-@pytest.mark.parametrize("frame", [
-    pytest.param(hello_with(memory_total_mib=2**63), id="memory_total_mib=2**63"),
-    pytest.param(hello_with(memory_total_mib=2**40), id="memory_total_mib=2**40"),
-    pytest.param(hello_with(numa_node=2**63), id="numa_node=2**63"),
-    pytest.param(hello_with(power_limit_w=float("inf")), id="power_limit_w=Infinity"),
+def hello_linking_twice():
+    frame = hello(boot="boot-bad-1")
+    frame["topology"]["links"] *= 2  # valid to the protocol; the database holds one row per pair
+    return frame
+
+
+@pytest.mark.parametrize(("frame", "code"), [
+    pytest.param(hello_with(memory_total_mib=2**63), "invalid", id="memory_total_mib=2**63"),
+    pytest.param(hello_with(memory_total_mib=2**40), "invalid", id="memory_total_mib=2**40"),
+    pytest.param(hello_with(numa_node=2**63), "invalid", id="numa_node=2**63"),
+    pytest.param(hello_with(power_limit_w=float("inf")), "invalid", id="power_limit_w=Infinity"),
+    pytest.param(hello_linking_twice(), "hello_refused", id="one-link-twice"),
 ])
-async def test_it_refuses_a_bad_hello_alone(healthy, frame):
+async def test_it_refuses_a_bad_hello_alone(healthy, frame, code):
     bad = await connect(await make_node("bad"))
     await healthy_sends_around(healthy, lambda: bad.send_to(text_data=json.dumps(frame)))
     answer = await reply(bad)
-    assert (answer["type"], answer["code"]) == ("error", "invalid")
+    assert (answer["type"], answer["code"]) == ("error", code)
     await assert_healthy_lost_nothing(healthy)
     assert await database_sync_to_async(Gpu.objects.filter(node__name="bad").count)() == 0
     await bad.disconnect()
