@@ -22,8 +22,8 @@ import websockets
 
 from agents import __version__, protocol
 from agents.backends import LaunchRefused
-from agents.gpus.base import GpuSource, GpuSourceError
-from agents.ring import Outbox
+from agents.gpus.base import GpuSource, GpuSourceError, LoadAware
+from agents.ring import Outbox, outbox_owner
 from agents.supervisor import Supervisor
 
 log = logging.getLogger("agents")
@@ -84,10 +84,12 @@ class Agent:
     model_dirs: list[Path] = field(default_factory=list)
     run_dir: Path | None = None
     boot_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    disk_outbox: bool = False  # keep unacked frames in run_dir, so that they survive a restart of the agent
 
     def __post_init__(self) -> None:
         # Room for samples, log tails and a few deployments' reports for the whole buffer window.
-        self.outbox = Outbox(capacity=max(1, int(self.buffer_seconds / self.interval)) * (4 + len(self.tailers)))
+        capacity = max(1, int(self.buffer_seconds / self.interval)) * (4 + len(self.tailers))
+        self.outbox = self.open_disk_outbox(capacity) if self.disk_outbox else Outbox(capacity=capacity)
         self.wake = asyncio.Event()
         self.connected = asyncio.Event()
         self.supervisor = Supervisor(self.model_dirs, self.run_dir, self.emit_status, self.emit_metrics,
@@ -95,6 +97,20 @@ class Agent:
         self.commands: set[asyncio.Task] = set()
         self.launches: dict[str, protocol.Launch] = {}
         self.generated: dict[str, float] = {}
+
+    def open_disk_outbox(self, capacity: int) -> Outbox:
+        if self.run_dir is None:
+            raise ValueError("a disk outbox needs a run dir")
+        path = self.run_dir / "outbox.sqlite3"
+        outbox = Outbox.on_disk(path, capacity, outbox_owner(self.server, self.token))
+        # The server keeps its replay watermark per stream: the carried-over frames continue the old one.
+        self.boot_id = outbox.stream_id
+        if outbox.discarded:
+            log.warning("outbox %s held %d unsent frames for another server or token: dropped", path,
+                        outbox.discarded)
+        elif outbox.frames:
+            log.info("outbox %s: %d unsent frames from the last run", path, len(outbox.frames))
+        return outbox
 
     def ws_url(self) -> str:
         base = self.server.rstrip("/")
@@ -144,7 +160,7 @@ class Agent:
     # by the server's KV pool, utilization while it generates), so downstream sees what it would see.
     def reflect_on_simulated_gpus(self, deployment: str, state: str) -> None:
         launch = self.launch_of(deployment)
-        if launch is None or not hasattr(self.source, "set_load"):
+        if launch is None or not isinstance(self.source, LoadAware):
             return
         totals = {g.index: g.memory_total_mib for g in self.source.inventory()}
         fraction = launch.options.gpu_memory_utilization or 0.9
@@ -163,7 +179,7 @@ class Agent:
 
     def reflect_generation(self, deployment: str, generated: float | None) -> None:
         launch = self.launch_of(deployment)
-        if launch is None or generated is None or not hasattr(self.source, "set_load"):
+        if launch is None or generated is None or not isinstance(self.source, LoadAware):
             return
         moving = generated > self.generated.get(deployment, generated)
         self.generated[deployment] = generated

@@ -1,5 +1,6 @@
 from django.contrib import admin, messages
 
+from dashboard import roles
 from dashboard.models import (
     AgentToken,
     Alert,
@@ -30,12 +31,15 @@ class NodeAdmin(admin.ModelAdmin):
     inlines = [GpuInline]
     actions = ["issue_token"]
 
-    @admin.action(description="Issue a new agent token (shown once)")
+    @admin.action(description="Issue a new agent token (shown once)", permissions=["issue_token"])
     def issue_token(self, request, queryset):
         for node in queryset:
             _, plaintext = AgentToken.issue(node)
             self.message_user(request, f"Token for {node.name} (copy it now, it is not shown again): {plaintext}",
                               messages.WARNING)
+
+    def has_issue_token_permission(self, request) -> bool:
+        return request.user.has_perm(roles.ISSUE_TOKENS)
 
 
 @admin.register(AgentToken)
@@ -45,7 +49,7 @@ class AgentTokenAdmin(admin.ModelAdmin):
     readonly_fields = ("prefix", "created", "last_used")
     actions = ["revoke"]
 
-    @admin.action(description="Revoke selected tokens")
+    @admin.action(description="Revoke selected tokens", permissions=["change"])
     def revoke(self, request, queryset):
         for token in queryset.filter(revoked=None):
             token.revoke()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -22,7 +23,8 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from dashboard.choices import AlertSeverity, AlertStatus, NotificationStatus
+from dashboard.choices import AlertSeverity, AlertStatus, DeploymentState, NotificationStatus
+from dashboard.detect import INCIDENT, Problem
 from dashboard.forms import DeployForm
 from dashboard.live import FLEET_GROUP
 from dashboard.models import Alert, AlertEvent, Channel, Deployment, Node, Notification, PlanRequest
@@ -45,18 +47,100 @@ def raise_alert(*, key: str, kind: str, title: str, cause: str, remedy: str,
     existing = Alert.objects.unresolved().filter(key=key).first()
     if existing is not None:
         return refresh(existing, content)
+    return open_alert(key, content)
+
+
+@dataclass
+class Batch:
+    """State changes made together (one evaluation): the operators' channels are looked up once and one
+    delivery task is queued at the end, not one per alert."""
+
+    channels: list[Channel] | None = None
+    notified: bool = False
+
+    def subscribed(self) -> list[Channel]:
+        if self.channels is None:
+            self.channels = operator_channels()
+        return self.channels
+
+    def finish(self) -> None:
+        if self.notified:
+            queue_delivery()
+
+
+def open_alert(key: str, content: dict[str, Any], batch: Batch | None = None) -> Alert:
     try:
         with transaction.atomic():
             alert = Alert.objects.create(key=key, **content)
-            event = alert.events.create(old_status="", new_status=AlertStatus.OPEN, reason=title)
-            changed(alert, event)
-        log.info("alert opened: %s (%s)", key, title)
+            event = alert.events.create(old_status="", new_status=AlertStatus.OPEN, reason=content["title"])
+            changed(alert, event, batch)
+        log.info("alert opened: %s (%s)", key, content["title"])
     except IntegrityError:  # another worker opened this key between our lookup and our insert
         return refresh(Alert.objects.unresolved().get(key=key), content)
     return alert
 
 
-def resolve_alert(key: str, reason: str) -> Alert | None:
+def sync(problems: list[Problem], judged: set[str]) -> None:
+    """Make the alerts match what the rules see now (evaluate_fleet): open an alert for each new problem,
+    refresh the ongoing ones, resolve those whose problem is gone. Ongoing problems cost a fixed number of
+    queries however many there are (one lookup, one update of the confirmation time, one bulk update of the
+    alerts whose content changed); opening and resolving cost queries per alert."""
+    unresolved = {alert.key: alert for alert in open_alerts()}
+    now, changed_rows, batch = timezone.now(), [], Batch()
+    for problem in problems:
+        if problem.settled:  # the alert keeps its content (and opens on a later run if it was resolved since)
+            continue
+        content = problem_content(problem)
+        check_alert_input(problem.key, content)
+        alert = unresolved.get(problem.key)
+        if alert is None:
+            open_alert(problem.key, content, batch)
+        elif differs(alert, content):
+            for name, value in content.items():
+                setattr(alert, name, value)
+            alert.refreshed = now
+            changed_rows.append(alert)
+    Alert.objects.bulk_update(changed_rows, [*CONTENT_FIELDS, "refreshed"])
+    ongoing = [unresolved[p.key].pk for p in problems if p.key in unresolved]
+    Alert.objects.filter(pk__in=ongoing).update(refreshed=now)
+    found = {p.key for p in problems}
+    for alert in unresolved.values():
+        reason = resolution(alert, found, judged)
+        if reason:
+            resolve_alert(alert.key, reason, batch)
+    batch.finish()
+
+
+def problem_content(p: Problem) -> dict[str, Any]:
+    return {"kind": p.kind, "severity": p.severity, "title": p.title, "cause": p.cause, "remedy": p.remedy,
+            "evidence": p.evidence or {}, "actions": p.actions or {}, "deployment": p.deployment, "node": p.node}
+
+
+def differs(alert: Alert, content: dict[str, Any]) -> bool:
+    for name, value in content.items():
+        if name in ("deployment", "node"):
+            if getattr(alert, f"{name}_id") != (value.pk if value is not None else None):
+                return True
+        elif getattr(alert, name) != value:
+            return True
+    return False
+
+
+def resolution(alert: Alert, found: set[str], judged: set[str]) -> str | None:
+    """Why the unresolved `alert` is over, or None while its problem may still be there."""
+    if alert.key in found:
+        return None
+    if alert.deployment_id and alert.deployment.state == DeploymentState.STOPPED:
+        return "the deployment was stopped"
+    if alert.kind == INCIDENT and f"{INCIDENT}:" in judged:
+        return "every node of the incident reports again"
+    parts = alert.key.split(":")
+    if alert.key in judged or any(":".join(parts[:n]) + ":" in judged for n in range(1, len(parts))):
+        return "the condition cleared"
+    return None
+
+
+def resolve_alert(key: str, reason: str, batch: Batch | None = None) -> Alert | None:
     """Resolve the unresolved alert for `key`; None if there is none (already resolved or never raised)."""
     alert = Alert.objects.unresolved().filter(key=key).first()
     if alert is None:
@@ -64,7 +148,7 @@ def resolve_alert(key: str, reason: str) -> Alert | None:
     with transaction.atomic():
         event = alert.move_to(AlertStatus.RESOLVED, reason, resolved=timezone.now())
         if event is not None:
-            changed(alert, event)
+            changed(alert, event, batch)
             log.info("alert resolved: %s (%s)", key, reason)
     return alert if alert.status == AlertStatus.RESOLVED else None
 
@@ -130,17 +214,24 @@ def refresh(alert: Alert, content: dict[str, Any]) -> Alert:
     return alert
 
 
-def changed(alert: Alert, event: AlertEvent) -> None:
+def changed(alert: Alert, event: AlertEvent, batch: Batch | None = None) -> None:
     """After a state change: queue the notifications, then (once committed) deliver and tell the browsers."""
-    queue_notifications(alert, event)
+    rows = queue_notifications(alert, event, batch.subscribed() if batch else operator_channels())
+    if batch is None:
+        transaction.on_commit(queue_delivery)
+    else:
+        batch.notified = batch.notified or bool(rows)
     summary = alert.summary()
-    transaction.on_commit(queue_delivery)
     transaction.on_commit(lambda: announce(summary))
 
 
-def queue_notifications(alert: Alert, event: AlertEvent) -> list[Notification]:
+def operator_channels() -> list[Channel]:
     Channel.ensure_operator_emails()
-    rows = [Notification(alert=alert, event=event, channel=channel) for channel in Channel.subscribed()
+    return list(Channel.subscribed())
+
+
+def queue_notifications(alert: Alert, event: AlertEvent, channels: list[Channel]) -> list[Notification]:
+    rows = [Notification(alert=alert, event=event, channel=channel) for channel in channels
             if not transport_for(channel).is_noop(event)]
     return Notification.objects.bulk_create(rows)
 
@@ -188,8 +279,8 @@ def deliver(notification: Notification) -> None:
 
 
 def skip_reason(notification: Notification) -> str:
-    if not notification.channel.enabled:
-        return f"channel disabled: {notification.channel.disabled_reason}"
+    if not notification.channel.enabled:  # the reason may be a raw transport error: not repeated here
+        return "channel disabled" + (" after a failed delivery" if notification.channel.disabled_reason else "")
     if notification.attempt > 1 and notification.alert.status != notification.event.new_status:
         return f"superseded: the alert is {notification.alert.status} now"  # a late retry would mislead
     return ""

@@ -4,20 +4,26 @@ launch command an agent receives. Plain functions over the models; views and tas
 from __future__ import annotations
 
 import json
+import logging
+import traceback
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from agents import protocol
 from dashboard.choices import DeploymentState, PlanStatus
 from dashboard.fleet import latest_samples
 from dashboard.models import Deployment, DeploymentEvent, DeploymentMember, Node, PlanRequest
 from dashboard.models.deployments import member_failure_text
-from placement import PlacementError, Request, load_cluster, load_model, plan
-from placement.spec import spec_from_hf_config
+from placement import PlacementError, Request, load_cluster, plan
+from placement.spec import load_model_within, spec_from_hf_config
 
 PLAN_LIMIT, REJECTED_LIMIT = 8, 40
+log = logging.getLogger(__name__)
 
 
 class DeployError(ValueError):
@@ -38,10 +44,10 @@ def _node_entry(node: Node, latest: dict) -> dict[str, Any]:
     entry: dict[str, Any] = {"name": node.name, "network_gbps": node.network_gbps, "rdma": node.rdma,
                              "gpus": [_gpu_entry(g, latest.get(g.pk)) for g in node.gpus.all()]}
     if topo.get("links"):
-        entry["topology"] = {"kind": "matrix", "gpus": topo["gpus"], "nics": topo.get("nics", []),
+        entry["topology"] = {"kind": "matrix", "gpus": topo.get("gpus", []), "nics": topo.get("nics", []),
                              "links": topo["links"]}
-    if topo.get("p2p", {}).get("r"):
-        entry["p2p"] = {"kind": "p2p", "mode": "r", "gpus": topo["gpus"], "links": topo["p2p"]["r"]}
+    if isinstance(topo.get("p2p"), dict) and topo["p2p"].get("r"):
+        entry["p2p"] = {"kind": "p2p", "mode": "r", "gpus": topo.get("gpus", []), "links": topo["p2p"]["r"]}
     return entry
 
 
@@ -53,19 +59,33 @@ def _gpu_entry(gpu, sample) -> dict[str, Any]:
 
 
 def run_plan_request(request_id: int) -> PlanRequest:
-    """Plan one request against the live fleet; the outcome (plans or a clear error) lands on the row."""
+    """Plan one request against the live fleet; the outcome (plans or a clear error) lands on the row, whatever
+    goes wrong: an unexpected error is logged by type and stack only (its message may quote a file) and the row
+    says planning failed."""
     row = PlanRequest.objects.get(pk=request_id)
-    if row.status == PlanStatus.DONE:
-        return row  # a retried task: the plans are already there
-    row.status = PlanStatus.RUNNING
-    row.save(update_fields=["status"])
+    if row.status in (PlanStatus.DONE, PlanStatus.FAILED):
+        return row  # a retried or re-delivered task: the outcome is already there
+    start_planning(row)
     try:
-        row.result = compute_plans(row)
-        row.status, row.error = PlanStatus.DONE, ""
+        finish_planning(row, PlanStatus.DONE, "", compute_plans(row))
     except PlacementError as exc:
-        row.status, row.error = PlanStatus.FAILED, str(exc)
-    row.save(update_fields=["status", "error", "result"])
+        finish_planning(row, PlanStatus.FAILED, str(exc))
+    except Exception as exc:  # a plan request always ends, whatever broke
+        log.error("plan request %s: planning raised %s (message withheld: it may quote a file)\n%s", row.pk,
+                  type(exc).__name__, "".join(traceback.format_tb(exc.__traceback__)).rstrip())
+        finish_planning(row, PlanStatus.FAILED, f"planning failed on the server ({type(exc).__name__}); the "
+                        "Celery worker's log says where")
     return row
+
+
+def start_planning(row: PlanRequest) -> None:
+    row.status, row.status_since, row.attempts = PlanStatus.RUNNING, timezone.now(), row.attempts + 1
+    row.save(update_fields=["status", "status_since", "attempts"])
+
+
+def finish_planning(row: PlanRequest, status: str, error: str, result: dict[str, Any] | None = None) -> None:
+    row.status, row.error, row.result, row.status_since = status, error, result, timezone.now()
+    row.save(update_fields=["status", "error", "result", "status_since"])
 
 
 def compute_plans(row: PlanRequest) -> dict[str, Any]:
@@ -80,8 +100,10 @@ def compute_plans(row: PlanRequest) -> dict[str, Any]:
 
 
 def request_model(row: PlanRequest):
+    """The model to plan: the uploaded config.json, a file under settings.MODEL_DIRS, or a catalog entry. Any
+    other path is never read (an operator's browser must not read the server's files)."""
     if not row.config:
-        return load_model(row.model_ref)
+        return load_model_within(row.model_ref, settings.MODEL_DIRS)
     try:
         return spec_from_hf_config(row.config, row.model_ref, row.model_ref, "uploaded config.json")
     except (KeyError, TypeError, ValueError) as exc:
@@ -294,3 +316,40 @@ def _queue(task_name: str, deployment_id: str) -> None:
     from dashboard import tasks  # tasks import this module
 
     getattr(tasks, task_name).delay(deployment_id)
+
+
+# ---- plan requests whose worker died -----------------------------------------------------------------------
+PLAN_ATTEMPTS = 2
+
+
+def sweep_stale_plans(now: datetime, stale_after_s: float) -> tuple[list[PlanRequest], list[PlanRequest]]:
+    """(queue again, failed): plan requests planning for over `stale_after_s` lost their worker (planning takes
+    about a second; the broker gives the task back only after its visibility timeout). The first time one is
+    queued again; then it fails with the reason. A re-queued request that no worker started is failed too."""
+    cutoff = now - timedelta(seconds=stale_after_s)
+    stale = PlanRequest.objects.filter(status_since__lt=cutoff).filter(
+        Q(status=PlanStatus.RUNNING) | Q(status=PlanStatus.QUEUED, attempts__gt=0))
+    again, failed = [], []
+    for row in stale:
+        if move_stale_plan(row, now, stale_after_s):
+            (again if row.status == PlanStatus.QUEUED else failed).append(row)
+    return again, failed
+
+
+def move_stale_plan(row: PlanRequest, now: datetime, stale_after_s: float) -> bool:
+    """Queue `row` again or fail it, only if it is still as the sweep saw it: a task that finished meanwhile wins."""
+    retry = row.status == PlanStatus.RUNNING and row.attempts < PLAN_ATTEMPTS
+    status, error = (PlanStatus.QUEUED, "") if retry else (PlanStatus.FAILED, stale_plan_text(row, stale_after_s))
+    moved = PlanRequest.objects.filter(pk=row.pk, status=row.status, status_since=row.status_since).update(
+        status=status, error=error, status_since=now)
+    if moved:
+        row.status, row.error, row.status_since = status, error, now
+    return bool(moved)
+
+
+def stale_plan_text(row: PlanRequest, stale_after_s: float) -> str:
+    if row.status == PlanStatus.QUEUED:
+        return (f"planning was queued again after its worker stopped, but no worker started it within "
+                f"{stale_after_s:.0f} s: check that the Celery worker is running, then plan again")
+    return (f"planning stopped without finishing {row.attempts} times (no result after {stale_after_s:.0f} s "
+            f"each time): the Celery worker was killed or restarted while planning; see its log, then plan again")

@@ -10,19 +10,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from math import ceil
 from typing import Any
 
+from django.conf import settings
+from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from agents.logscan import PHASES, LogScanner, Verdict
 from dashboard.choices import DeploymentState
 from dashboard.fleet import log_tail
-from dashboard.models import Deployment, GpuSample, Node
+from dashboard.models import Alert, Deployment, GpuSample, LogChunk, Node
 
 LOG_LINES_SCANNED = 400
 XID_QUIET_MINUTES = 30
 SCRAPED = (DeploymentState.READY, DeploymentState.SERVING)  # the agent scrapes metrics only in these states
 UNLOADING = PHASES["stopping"]
+INCIDENT = "nodes-lost"  # the kind of the alert that groups many lost nodes
+EVIDENCE_REFRESH_S = 15.0
+# Log tails as last read and scanned, per deployment, with the newest chunk they include (this process only).
+LOG_TAILS: dict[str, tuple[int | None, list[str], LogScanner]] = {}
 # A scrape's time is the agent's clock, `now` the server's: hosts drift apart by seconds, so a scrape counts as
 # recent for this long beyond the node's stale window (the node's own silence is judged on the server's clock).
 CLOCK_SLACK_S = 30.0
@@ -51,30 +58,63 @@ class Problem:
     severity: str = "critical"
     deployment: Deployment | None = None
     node: Node | None = None
+    settled: bool = False  # confirmed only: the open alert keeps its content (see `settled_keys`)
 
 
 # ---- deployments -----------------------------------------------------------------------------------------
-def deployment_problems(d: Deployment, now: datetime) -> list[Problem]:
+def deployment_problems(d: Deployment, now: datetime, settled: frozenset[str] = frozenset()) -> list[Problem]:
+    """What is wrong with `d` now. For keys in `settled` (their alert is open and its evidence recent) a
+    rule only confirms the problem and skips gathering evidence again."""
     verdict, lines = scan_logs(d, now)
-    found = [p for p in (stall(d, now, verdict, lines), startup_overdue(d, now, verdict, lines),
+    found = [p for p in (stall(d, now, verdict, lines, settled), startup_overdue(d, now, verdict, lines),
                          crashed(d, verdict, lines), unload_stuck(d, now, lines)) if p]
     if not found and verdict.verdict != "healthy" and d.state != DeploymentState.FAILED:
-        found.append(log_signature(d, verdict, lines))
+        found.append(log_signature(d, verdict, lines, settled))
     for problem in found:
         problem.deployment, problem.node = d, d.node
+        problem.settled = problem.key in settled
     return found
 
 
+def confirmed(key: str, kind: str) -> Problem:
+    """The problem of an open alert whose evidence is recent: seen again, not described again."""
+    return Problem(key, kind, "", "", "", settled=True)
+
+
 def scan_logs(d: Deployment, now: datetime) -> tuple[Verdict, list[str]]:
-    lines = log_tail(d, LOG_LINES_SCANNED)
-    scanner = LogScanner()
-    scanner.feed(lines)
-    last = d.node.log_chunks.filter(source=d.pk).order_by("-t").values_list("t", flat=True).first()
+    last, lines, scanner = log_state(d)
     silent_for = (now - last).total_seconds() if last else 0.0
     return scanner.verdict(silent_for=max(0.0, silent_for)), lines
 
 
-def stall(d: Deployment, now: datetime, verdict: Verdict, lines: list[str]) -> Problem | None:
+def log_state(d: Deployment) -> tuple[datetime | None, list[str], LogScanner]:
+    """The time of the newest log chunk of `d`, its log tail and a scanner fed with it. From `fleet_queryset`,
+    the newest chunk comes annotated and the tail is read and scanned again only when a newer chunk came."""
+    if not hasattr(d, "last_log_pk"):
+        last = d.node.log_chunks.filter(source=d.pk).order_by("-t").values_list("t", flat=True).first()
+        return last, *scanned(log_tail(d, LOG_LINES_SCANNED))
+    cached = LOG_TAILS.get(d.pk)
+    if cached is None or cached[0] != d.last_log_pk:
+        cached = LOG_TAILS[d.pk] = (d.last_log_pk, *scanned(log_tail(d, LOG_LINES_SCANNED) if d.last_log_pk else []))
+    return d.last_log_t, cached[1], cached[2]
+
+
+def scanned(lines: list[str]) -> tuple[list[str], LogScanner]:
+    scanner = LogScanner()
+    scanner.feed(lines)
+    return lines, scanner
+
+
+def fleet_queryset() -> QuerySet[Deployment]:
+    """Every deployment not stopped, with what the rules read of its node and its newest log chunk."""
+    newest = LogChunk.objects.filter(node=OuterRef("node"), source=OuterRef("pk")).order_by("-t", "-seq")
+    return (Deployment.objects.select_related("node", "plan_request").prefetch_related("node__links")
+            .exclude(state=DeploymentState.STOPPED)
+            .annotate(last_log_t=Subquery(newest.values("t")[:1]), last_log_pk=Subquery(newest.values("pk")[:1])))
+
+
+def stall(d: Deployment, now: datetime, verdict: Verdict, lines: list[str],
+          settled: frozenset[str] = frozenset()) -> Problem | None:
     """Requests in flight and no token, step or prompt progress for the stall window."""
     counters = d.last_counters or {}
     owed = (counters.get("requests_running") or 0) + (counters.get("requests_waiting") or 0)
@@ -83,6 +123,8 @@ def stall(d: Deployment, now: datetime, verdict: Verdict, lines: list[str]) -> P
     stuck = (now - d.progress_at).total_seconds()
     if stuck < d.stall_window_s:
         return None
+    if f"stall:{d.pk}" in settled:
+        return confirmed(f"stall:{d.pk}", "stall")
     gpus = gpu_pattern(d, now)
     cause, remedy, actions = stall_cause(d, gpus)
     title = f"{d.name} on {d.node.name}: no tokens for {stuck:.0f} s with {owed:.0f} request(s) in flight"
@@ -190,10 +232,12 @@ def counters_current(d: Deployment, now: datetime) -> bool:
     return now - d.node.last_seen <= window and scraped_ago <= window.total_seconds() + CLOCK_SLACK_S
 
 
-def log_signature(d: Deployment, verdict: Verdict, lines: list[str]) -> Problem:
+def log_signature(d: Deployment, verdict: Verdict, lines: list[str], settled: frozenset[str] = frozenset()) -> Problem:
     first = verdict.findings[0]
     evidence = {"log": lines[-40:], "log_findings": findings_json(verdict), "phase": verdict.phase}
     if verdict.verdict == "hang" and d.state in (DeploymentState.READY, DeploymentState.SERVING):
+        if f"stall:{d.pk}" in settled:
+            return confirmed(f"stall:{d.pk}", "stall")
         # The server's own stats lines show the stall before (or without) the scraped counters: same cause,
         # same alert, whichever evidence sees it first.
         cause, remedy, actions = stall_cause(d, gpu_pattern(d, timezone.now()))
@@ -231,34 +275,144 @@ def gpu_pattern(d: Deployment, now: datetime, seconds: float = 30) -> dict[str, 
     return {"pattern": pattern, "util_mean": round(util, 1), "memory_used_fraction": round(mem, 3)}
 
 
-# ---- nodes --------------------------------------------------------------------------------------------------
-def node_problems(node: Node, now: datetime) -> list[Problem]:
-    found = [p for p in (node_lost(node, now), *xid_problems(node, now)) if p]
-    for problem in found:
-        problem.node = node
-    return found
+# ---- nodes ----------------------------------------------------------------------------------------------------
+def node_problems(nodes: list[Node], now: datetime) -> list[Problem]:
+    """Lost nodes (alone, or grouped into incidents) and XID errors, for the whole fleet in a few queries."""
+    lost = [n for n in nodes if now - n.last_seen > n.stale_after()]
+    problems = lost_node_problems(lost, now) if lost else []
+    return problems + xid_problems(nodes, now)
 
 
-def node_lost(node: Node, now: datetime) -> Problem | None:
-    if node.last_seen is None or now - node.last_seen <= node.stale_after():
-        return None
+def lost_node_problems(lost: list[Node], now: datetime) -> list[Problem]:
+    """One node-lost alert per node lost alone; one incident for many nodes lost within the grouping window.
+
+    A node with an open node-lost alert keeps it. The others belong to an open incident whose span (widened
+    by the window) covers their last message, or form new groups: a group of NODE_LOST_GROUP_MIN or more
+    opens an incident at once; a smaller one waits out the window (the rest of a storm may follow) before
+    its nodes get alerts of their own."""
+    window = timedelta(seconds=settings.NODE_LOST_GROUP_WINDOW_S)
+    open_keys = dict(Alert.objects.unresolved().filter(kind__in=("node-lost", INCIDENT)).values_list("key", "evidence"))
+    running = deployments_running([n.pk for n in lost])
+    alone = [n for n in lost if f"node-lost:{n.pk}" in open_keys]
+    incidents = [Incident.from_alert(key, evidence) for key, evidence in open_keys.items() if key.startswith(INCIDENT)]
+    alone_ids = {n.pk for n in alone}
+    loose = [n for n in sorted(lost, key=lambda n: n.last_seen)
+             if n.pk not in alone_ids and not joined(n, incidents, window)]
+    for group in groups_within(loose, window):
+        if len(group) >= settings.NODE_LOST_GROUP_MIN:
+            incidents.append(Incident.new(group))
+        else:
+            alone += [n for n in group if now - n.last_seen >= n.stale_after() + window]
+    problems = [node_lost(n, now, running.get(n.pk, 0)) for n in alone]
+    return problems + [p for p in (i.problem(now, running) for i in incidents) if p]
+
+
+def joined(node: Node, incidents: list[Incident], window: timedelta) -> bool:
+    for incident in incidents:
+        if incident.covers(node.last_seen, window):
+            incident.add(node)
+            return True
+    return False
+
+
+def groups_within(nodes: list[Node], window: timedelta) -> list[list[Node]]:
+    """Nodes (sorted by last message) in groups whose last messages lie within `window` of the group's first."""
+    groups: list[list[Node]] = []
+    for node in nodes:
+        if groups and node.last_seen - groups[-1][0].last_seen <= window:
+            groups[-1].append(node)
+        else:
+            groups.append([node])
+    return groups
+
+
+def deployments_running(node_ids: list[int]) -> dict[int, int]:
+    active = Deployment.objects.filter(node_id__in=node_ids, state__in=DeploymentState.ACTIVE)
+    return dict(active.values("node_id").annotate(n=Count("pk")).values_list("node_id", "n"))
+
+
+def node_lost(node: Node, now: datetime, running: int) -> Problem:
     silent = (now - node.last_seen).total_seconds()
-    running = node.deployments.filter(state__in=DeploymentState.ACTIVE).count()
     return Problem(f"node-lost:{node.pk}", "node-lost", f"{node.name}: no agent message for {silent:.0f} s",
                    "The agent stopped reporting: the node, its network or the agent process is down."
                    + (f" {running} deployment(s) run there." if running else ""),
                    "Check that the host is up and `python -m agents run` is running; look at the agent's log.",
-                   {"last_seen": node.last_seen.isoformat(), "deployments": running})
+                   {"last_seen": node.last_seen.isoformat(), "deployments": running}, node=node)
 
 
-def xid_problems(node: Node, now: datetime) -> list[Problem]:
-    since = now - timedelta(minutes=XID_QUIET_MINUTES)
-    seen: dict[tuple[int, int], datetime] = {}
-    rows = GpuSample.objects.filter(gpu__node=node, t__gte=since).exclude(xids=[])
-    for index, t, xids in rows.values_list("gpu__index", "t", "xids"):
+@dataclass
+class Incident:
+    """Many nodes lost within the grouping window: one alert whose evidence lists them, lost or back."""
+
+    key: str
+    members: dict[int, dict[str, Any]]  # node id -> {"id", "name", "lost_at", "back_at"}, as the evidence keeps them
+    lost_now: set[int] = field(default_factory=set)
+    first: datetime | None = None
+    last: datetime | None = None
+
+    @classmethod
+    def from_alert(cls, key: str, evidence: dict[str, Any]) -> Incident:
+        incident = cls(key, {m["id"]: dict(m) for m in evidence.get("nodes", [])})
+        for member in incident.members.values():
+            incident.widen(datetime.fromisoformat(member["lost_at"]))
+        return incident
+
+    @classmethod
+    def new(cls, nodes: list[Node]) -> Incident:
+        first = nodes[0]
+        incident = cls(f"{INCIDENT}:{first.last_seen:%Y%m%dT%H%M%S}:{first.pk}", {})
+        for node in nodes:
+            incident.add(node)
+        return incident
+
+    def widen(self, t: datetime) -> None:
+        self.first = t if self.first is None else min(self.first, t)
+        self.last = t if self.last is None else max(self.last, t)
+
+    def add(self, node: Node) -> None:
+        """`node` is lost now, as part of this incident (again, if it came back in between)."""
+        self.members[node.pk] = {"id": node.pk, "name": node.name, "lost_at": node.last_seen.isoformat(),
+                                 "back_at": None}
+        self.lost_now.add(node.pk)
+        self.widen(node.last_seen)
+
+    def covers(self, t: datetime, window: timedelta) -> bool:
+        return self.first is not None and self.first - window <= t <= self.last + window
+
+    def problem(self, now: datetime, running: dict[int, int]) -> Problem | None:
+        """The incident as it stands: None once every member reports again (the alert then resolves)."""
+        if not self.lost_now:
+            return None
+        for pk, member in self.members.items():
+            if pk not in self.lost_now:
+                member["back_at"] = member["back_at"] or now.isoformat()
+        span = max(1, ceil((self.last - self.first).total_seconds()))
+        lost, back = len(self.lost_now), len(self.members) - len(self.lost_now)
+        on_them = sum(running.get(pk, 0) for pk in self.lost_now)
+        title = (f"{lost} nodes lost within {span} s{f' ({back} back)' if back else ''}: "
+                 "server overloaded or network partition?")
+        cause = (f"{len(self.members)} agents stopped reporting within {span} s of each other. So many at once is "
+                 "rarely that many separate failures: the server may be overloaded (agents time out in their "
+                 "handshakes and give up), or a network partition cuts these nodes off from it."
+                 + (f" {on_them} deployment(s) run on the nodes still lost." if on_them else ""))
+        remedy = ("Check the server first: the ASGI process's CPU, the database and Redis, and its log for "
+                  "handshake timeouts; then the network between the server and these nodes. Each node's part "
+                  "resolves when its agent reports again; the alert resolves when all of them do.")
+        nodes = sorted(self.members.values(), key=lambda m: (m["back_at"] is not None, m["name"]))
+        evidence = {"nodes": nodes, "lost": lost, "back": back, "deployments": on_them,
+                    "window_s": settings.NODE_LOST_GROUP_WINDOW_S}
+        return Problem(self.key, INCIDENT, title, cause, remedy, evidence)
+
+
+def xid_problems(nodes: list[Node], now: datetime) -> list[Problem]:
+    """XID errors of the last XID_QUIET_MINUTES, newest sighting per node, GPU and code: one query."""
+    by_id = {n.pk: n for n in nodes}
+    seen: dict[tuple[int, int, int], datetime] = {}
+    rows = GpuSample.objects.filter(gpu__node_id__in=by_id, t__gte=now - timedelta(minutes=XID_QUIET_MINUTES))
+    for node_id, index, t, xids in rows.exclude(xids=[]).values_list("gpu__node_id", "gpu__index", "t", "xids"):
         for code in xids:
-            seen[(index, code)] = max(seen.get((index, code), t), t)
-    return [xid_problem(node, index, code, t) for (index, code), t in sorted(seen.items())]
+            seen[(node_id, index, code)] = max(seen.get((node_id, index, code), t), t)
+    return [xid_problem(by_id[node_id], index, code, t) for (node_id, index, code), t in sorted(seen.items())]
 
 
 def xid_problem(node: Node, index: int, code: int, t: datetime) -> Problem:
@@ -266,7 +420,7 @@ def xid_problem(node: Node, index: int, code: int, t: datetime) -> Problem:
     return Problem(f"xid:{node.pk}:{index}:{code}", "xid", f"{node.name} GPU{index}: XID {code} ({meaning})",
                    f"The driver reported XID {code}: {meaning}.", remedy[0].upper() + remedy[1:] + ".",
                    {"gpu": index, "xid": code, "last_seen": t.isoformat()},
-                   severity="critical" if code in (48, 79, 95, 119) else "warning")
+                   severity="critical" if code in (48, 79, 95, 119) else "warning", node=node)
 
 
 def fleet_problems(now: datetime | None = None) -> tuple[list[Problem], set[str]]:
@@ -274,13 +428,27 @@ def fleet_problems(now: datetime | None = None) -> tuple[list[Problem], set[str]
     now = now or timezone.now()
     problems: list[Problem] = []
     judged: set[str] = set()
-    for d in Deployment.objects.select_related("node", "plan_request").exclude(state=DeploymentState.STOPPED):
-        problems += deployment_problems(d, now)
+    settled = settled_keys(now)
+    deployments = list(fleet_queryset())
+    for d in deployments:
+        problems += deployment_problems(d, now, settled)
         judged |= {f"{kind}:{d.pk}" for kind in ("stall", "startup", "crashed", "log")}
         if d.state not in SCRAPED or counters_current(d, now):  # stale counters: leave the unload alert as it is
             judged.add(f"unload:{d.pk}")
-    for node in Node.objects.filter(last_seen__isnull=False):
-        problems += node_problems(node, now)
-        judged.add(f"node-lost:{node.pk}")
-        judged.add(f"xid:{node.pk}:")
+    for gone in LOG_TAILS.keys() - {d.pk for d in deployments}:
+        del LOG_TAILS[gone]
+    nodes = list(Node.objects.filter(last_seen__isnull=False).only("pk", "name", "last_seen", "interval_s"))
+    problems += node_problems(nodes, now)
+    judged |= {f"node-lost:{n.pk}" for n in nodes} | {f"xid:{n.pk}:" for n in nodes} | {f"{INCIDENT}:"}
     return problems, judged
+
+
+def settled_keys(now: datetime) -> frozenset[str]:
+    """Keys of the deployment alerts that keep their content this run. Each open one has its evidence
+    gathered and written again once every EVIDENCE_REFRESH_S, in turn (by its id), so that a run refreshes a
+    few of many open alerts rather than all: a stall's counter history and GPU pattern cost queries, and
+    rewriting every alert's evidence every second costs more than judging the fleet."""
+    runs = max(1, round(EVIDENCE_REFRESH_S / settings.AGENT_INTERVAL))
+    turn = int(now.timestamp() / settings.AGENT_INTERVAL) % runs
+    keys = Alert.objects.unresolved().filter(deployment__isnull=False).values_list("pk", "key")
+    return frozenset(key for pk, key in keys if pk % runs != turn)

@@ -13,7 +13,8 @@ BACKENDS = [("", "any"), ("vllm", "vLLM"), ("sglang", "SGLang"), ("llama.cpp", "
 class DeployForm(forms.Form):
     model = forms.CharField(
         max_length=500, required=False, label="Model",
-        help_text="a catalog name (Qwen3-VL-32B-Instruct), an HF id, or a path to a config.json / GGUF on the node",
+        help_text="a catalog name (Qwen3-VL-32B-Instruct), an HF id, or a path to a config.json / GGUF under the "
+                  "server's model directories (MODEL_DIRS), the same path on the node",
     )
     config = forms.FileField(required=False, label="or upload config.json")
     max_model_len = forms.IntegerField(min_value=16, max_value=10_000_000, initial=8192, label="Max context")

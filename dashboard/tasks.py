@@ -48,6 +48,18 @@ def plan_request(request_id: int) -> str:
     return row.status
 
 
+@shared_task(ignore_result=False)
+def sweep_stale_plans() -> int:
+    """Plan requests left "planning" by a worker that died: queue each once more, then fail it with the reason
+    (the broker would give the task back only after its visibility timeout, an hour)."""
+    again, failed = deploy.sweep_stale_plans(timezone.now(), settings.PLAN_STALE_AFTER_S)
+    for row in again:
+        plan_request.delay(row.pk)
+    for row in failed:
+        async_to_sync(announce_plan)(row.pk, row.status)
+    return len(again) + len(failed)
+
+
 @shared_task(ignore_result=False, acks_late=True, autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
 def launch_deployment(deployment_id: str) -> str:
     """Send the launch command to the node's agent. Safe to run twice: the agent launches once per id."""
@@ -146,26 +158,8 @@ def evaluate_fleet() -> int:
     from dashboard import alerts, detect
 
     problems, judged = detect.fleet_problems()
-    for p in problems:
-        alerts.raise_alert(key=p.key, kind=p.kind, title=p.title, cause=p.cause, remedy=p.remedy,
-                           severity=p.severity, evidence=p.evidence, actions=p.actions, deployment=p.deployment,
-                           node=p.node)
-    found = {p.key for p in problems}
-    for alert in alerts.open_alerts():
-        reason = _resolution(alert, found, judged)
-        if reason:
-            alerts.resolve_alert(alert.key, reason)
+    alerts.sync(problems, judged)
     return len(problems)
-
-
-def _resolution(alert, found: set[str], judged: set[str]) -> str | None:
-    if alert.key in found:
-        return None
-    if alert.deployment_id and alert.deployment.state == DeploymentState.STOPPED:
-        return "the deployment was stopped"
-    if alert.key in judged or any(alert.key.startswith(j) for j in judged if j.endswith(":")):
-        return "the condition cleared"
-    return None
 
 
 @shared_task(ignore_result=False)

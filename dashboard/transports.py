@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import smtplib
 import time
-import urllib.error
-import urllib.request
 from abc import ABC, abstractmethod
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
@@ -17,19 +17,31 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
+from dashboard import egress
 from dashboard.choices import AlertStatus, ChannelKind, NotificationStatus
 from dashboard.models import Alert, AlertEvent, Channel
 
 EVIDENCE_LINES_IN_MAIL = 40
 
 
-class TransportError(Exception):
-    """A delivery failed. Permanent means retrying cannot help (bad address, 4xx): the channel gets disabled."""
+GENERIC_FAILURE = "delivery failed"
 
-    def __init__(self, message: str, permanent: bool = False) -> None:
+
+class TransportError(Exception):
+    """A delivery failed. Permanent means retrying cannot help (bad address, 4xx): the channel gets disabled.
+    Timed out means the far end took the whole timeout: trying again right away would hold the worker again.
+    The message is raw (addresses, errno texts): only admins see it (`shows_raw_errors`)."""
+
+    def __init__(self, message: str, permanent: bool = False, timed_out: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.permanent = permanent
+        self.timed_out = timed_out
+
+
+def shows_raw_errors(user: Any) -> bool:
+    """Admins see transports' raw errors; to anyone else they would map the network behind the server."""
+    return bool(user.is_staff or user.is_superuser)
 
 
 class Transport(ABC):
@@ -81,7 +93,8 @@ class EmailTransport(Transport):
     def body(self, alert: Alert, event: AlertEvent) -> str:
         context = {"alert": alert, "event": event, "url": absolute_url(alert),
                    "settings_url": settings.SITE_URL.rstrip("/") + reverse("alert-settings"),
-                   "log_lines": alert.log_lines()[-EVIDENCE_LINES_IN_MAIL:], "skipped": self.skipped_since_last_mail()}
+                   "log_lines": alert.log_lines()[-EVIDENCE_LINES_IN_MAIL:], "skipped": self.skipped_since_last_mail(),
+                   "lost_nodes": [m["name"] for m in alert.member_nodes() if not m["back_at"]]}
         return render_to_string("emails/alert.txt", context)
 
     def skipped_since_last_mail(self) -> list[Any]:
@@ -107,22 +120,34 @@ def refused(exc: smtplib.SMTPRecipientsRefused) -> TransportError:
     return TransportError(f"the mail server refused the address: {detail}", permanent=all(c >= 500 for c in codes))
 
 
-class NoRedirects(urllib.request.HTTPRedirectHandler):
-    """urllib would follow a redirect of a POST as a GET without the body; report it instead."""
+class PinnedHTTPConnection(http.client.HTTPConnection):
+    """Connects to the addresses checked for this request, not to whatever the host resolves to by now."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl) -> None:
-        return None
+    addresses: list[egress.IPAddress]
+    connect_timeout: float
+
+    def connect(self) -> None:
+        try:
+            self.sock = egress.connect(self.addresses, self.port, self.connect_timeout, self.timeout)
+        except TimeoutError:
+            raise ConnectTimeout(f"no connection within {self.connect_timeout:g} s") from None
 
 
-OPENER = urllib.request.build_opener(NoRedirects)
+class PinnedHTTPSConnection(http.client.HTTPSConnection, PinnedHTTPConnection):
+    """TLS over the pinned connection; the certificate is still checked against the URL's host name."""
+
+
+class ConnectTimeout(OSError):
+    pass
 
 
 class WebhookTransport(Transport):
-    """A JSON POST of every state change; 5xx, 429 and connection errors are tried 3 times, 4xx is permanent."""
+    """A JSON POST of every state change. 5xx, 429 and refused connections are tried 3 times, a receiver that
+    does not answer within the read timeout once (the notification is tried again later); 4xx is permanent.
+    Only public addresses are reached (dashboard.egress), and a redirect is reported, never followed."""
 
     TRIES = 3
     RETRY_DELAYS = (1.0, 3.0)
-    TIMEOUT_S = 10.0
 
     def notify(self, alert: Alert, event: AlertEvent) -> None:
         body = json.dumps(webhook_payload(alert, event)).encode()
@@ -131,31 +156,51 @@ class WebhookTransport(Transport):
                 self.post(body)
                 return
             except TransportError as exc:
-                if exc.permanent or attempt == self.TRIES - 1:
+                if exc.permanent or exc.timed_out or attempt == self.TRIES - 1:
                     raise
                 time.sleep(self.RETRY_DELAYS[min(attempt, len(self.RETRY_DELAYS) - 1)])
 
     def post(self, body: bytes) -> None:
         url = self.channel.value
-        request = urllib.request.Request(url, data=body, method="POST", headers={
-            "Content-Type": "application/json", "User-Agent": "layercake-alerts"})
+        connection = pinned_connection(url)
+        target = urlsplit(url)
         try:
-            with OPENER.open(request, timeout=self.TIMEOUT_S) as response:
-                response.read(65536)
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            raise http_error(url, exc) from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise TransportError(f"could not reach {url}: {getattr(exc, 'reason', exc)}") from None
+            connection.request("POST", (target.path or "/") + (f"?{target.query}" if target.query else ""),
+                               body, {"Content-Type": "application/json", "User-Agent": "layercake-alerts"})
+            response = connection.getresponse()
+            response.read(65536)
+        except TimeoutError:
+            raise TransportError(f"{url} did not answer within {connection.timeout:g} s", timed_out=True) from None
+        except (http.client.HTTPException, OSError) as exc:
+            raise TransportError(f"could not reach {url}: {exc}", timed_out=isinstance(exc, ConnectTimeout)) from None
+        finally:
+            connection.close()
+        if not 200 <= response.status < 300:
+            raise http_error(url, response.status, response.reason, response.getheader("Location", "?"))
 
 
-def http_error(url: str, exc: urllib.error.HTTPError) -> TransportError:
-    if exc.code >= 500 or exc.code == 429:
-        return TransportError(f"{url} answered {exc.code} {exc.reason}")
-    if 300 <= exc.code < 400:
-        location = exc.headers.get("Location", "?")
-        return TransportError(f"{url} redirects ({exc.code}) to {location}: enter the final URL", permanent=True)
-    return TransportError(f"{url} answered {exc.code} {exc.reason}", permanent=True)
+def pinned_connection(url: str) -> PinnedHTTPConnection:
+    """An HTTP(S) connection to the URL's host that will only connect to its checked addresses."""
+    target = urlsplit(url)
+    if target.scheme not in ("http", "https") or not target.hostname:
+        raise TransportError(f"{url} is not an http:// or https:// URL", permanent=True)
+    port = target.port or (443 if target.scheme == "https" else 80)
+    try:
+        addresses = egress.checked_addresses(target.hostname, port)
+    except egress.AddressRefused as exc:
+        raise TransportError(f"refused to connect: {exc.detail}", permanent=True) from None
+    kind = PinnedHTTPSConnection if target.scheme == "https" else PinnedHTTPConnection
+    connection = kind(target.hostname, port, timeout=settings.WEBHOOK_READ_TIMEOUT_S)
+    connection.addresses, connection.connect_timeout = addresses, settings.WEBHOOK_CONNECT_TIMEOUT_S
+    return connection
+
+
+def http_error(url: str, code: int, reason: str, location: str) -> TransportError:
+    if code >= 500 or code == 429:
+        return TransportError(f"{url} answered {code} {reason}")
+    if 300 <= code < 400:
+        return TransportError(f"{url} redirects ({code}) to {location}: enter the final URL", permanent=True)
+    return TransportError(f"{url} answered {code} {reason}", permanent=True)
 
 
 def webhook_payload(alert: Alert, event: AlertEvent) -> dict[str, Any]:

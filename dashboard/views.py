@@ -8,7 +8,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from dashboard import deploy, fleet, tasks
+from dashboard import deploy, fleet, roles, tasks
 from dashboard.browser_json import json_response
 from dashboard.forms import DeployForm
 from dashboard.models import Deployment, Node, PlanRequest
@@ -45,6 +45,7 @@ def node_history(request: HttpRequest, name: str) -> HttpResponse:
 
 
 @login_required
+@roles.requires(roles.PLAN)
 def deploy_page(request: HttpRequest) -> HttpResponse:
     form = DeployForm(request.POST or None, request.FILES or None, initial=request.GET or None)
     if request.method == "POST" and form.is_valid():
@@ -89,6 +90,7 @@ def _grids(plan: dict, nodes: dict[str, Node]) -> list[dict]:
 
 @login_required
 @require_POST
+@roles.requires(roles.DEPLOY)
 def deploy_plan(request: HttpRequest, pk: int, number: int) -> HttpResponse:
     row = get_object_or_404(PlanRequest, pk=pk)
     try:
@@ -118,6 +120,7 @@ def deployment_page(request: HttpRequest, pk: str) -> HttpResponse:
 
 @login_required
 @require_POST
+@roles.requires(roles.CONTROL)
 def deployment_action(request: HttpRequest, pk: str, action: str) -> HttpResponse:
     deployment = get_object_or_404(Deployment, pk=pk)
     task = {"stop": tasks.stop_deployment, "restart": tasks.restart_deployment}.get(action)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -28,10 +30,77 @@ def envfloat(name: str, default: str) -> float:
         raise ImproperlyConfigured(f"{name} must be a number, not {value!r}") from None
 
 
+def private_secret(path: Path, nbytes: int = 32) -> str:
+    """The secret kept in `path` (mode 600), generated there the first time. Created under a temporary name
+    and linked into place, so that processes starting together all read the one secret."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    draft = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_urlsafe(nbytes) + "\n")
+    try:
+        os.link(draft, path)
+    except FileExistsError:
+        pass  # another process got there first: use its secret
+    finally:
+        draft.unlink()
+    return path.read_text().strip()
+
+
+def envlist(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+def required_env(name: str, example: str) -> str:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        raise ImproperlyConfigured(f"LAYERCAKE_ENV=production needs {name} in the environment "
+                                   f"(/etc/layercake/server.env), e.g. {example}")
+    return value
+
+
+# The profile: "development" (the demo, ./run.sh and the tests) or "production" (deploy/, docs/production.md).
+PROFILE = os.environ.get("LAYERCAKE_ENV", "development")
+if PROFILE not in ("development", "production"):
+    raise ImproperlyConfigured(f"LAYERCAKE_ENV must be development or production, not {PROFILE!r}")
+PRODUCTION = PROFILE == "production"
+# The development default of earlier versions: published, so sessions signed with it can be forged. Refused
+# unless DEBUG is on; without SECRET_KEY the development profile generates one into var/secret-key instead.
+DEV_SECRET_KEY = "layercake-dev-only-secret-key-change-me-in-production-0123456789"
+NEW_KEY_COMMAND = "python3 -c 'import secrets; print(secrets.token_urlsafe(50))'"
+
+
+def production_secret_key() -> str:
+    """SECRET_KEY from the environment, refused if it is missing or as weak as Django's check calls weak."""
+    key = required_env("SECRET_KEY", f"the output of {NEW_KEY_COMMAND}")
+    if key == DEV_SECRET_KEY or key.startswith("django-insecure-") or len(key) < 50 or len(set(key)) < 5:
+        raise ImproperlyConfigured("SECRET_KEY is not fit for production (the development key, a "
+                                   "'django-insecure-' key, or under 50 characters or 5 distinct ones); "
+                                   f"make one with {NEW_KEY_COMMAND}")
+    return key
+
+
+def development_secret_key() -> str:
+    """SECRET_KEY from the environment, else the one generated into var/ on first use."""
+    key = os.environ.get("SECRET_KEY") or private_secret(VAR_DIR / "secret-key", 50)
+    if key == DEV_SECRET_KEY and not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY is a published development key; unset it (a key is then generated "
+                                   "into var/secret-key) or set a secret one")
+    return key
+
+
 DEBUG = envbool("DEBUG", "false")
-SECRET_KEY = os.environ.get("SECRET_KEY", "layercake-dev-only-secret-key-change-me-in-production-0123456789")
-ALLOWED_HOSTS = os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
-CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+if PRODUCTION and DEBUG:
+    raise ImproperlyConfigured("DEBUG must be off with LAYERCAKE_ENV=production (it shows settings and code to visitors)")
+SECRET_KEY = production_secret_key() if PRODUCTION else development_secret_key()
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "" if PRODUCTION else "localhost,127.0.0.1,[::1]")
+if PRODUCTION and not ALLOWED_HOSTS:
+    required_env("ALLOWED_HOSTS", "layercake.example.com")
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS")
 SITE_URL = os.environ.get("SITE_URL", "http://127.0.0.1:8000")
 
 INSTALLED_APPS = [
@@ -43,6 +112,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_celery_beat",
+    "axes",  # before dashboard: the roles give admins axes' permissions (dashboard.roles.sync_roles)
     "dashboard",
 ]
 
@@ -55,7 +125,10 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: turns a locked-out login into the lockout page
 ]
+
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
 
 ROOT_URLCONF = "layercake.urls"
 ASGI_APPLICATION = "layercake.asgi.application"
@@ -71,6 +144,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "dashboard.context_processors.alert_banner",
+                "dashboard.roles.role_context",
             ],
         },
     },
@@ -78,7 +152,8 @@ TEMPLATES = [
 
 DATABASES = {
     "default": dj_database_url.parse(
-        os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'var' / 'db.sqlite3'}"), conn_max_age=60
+        required_env("DATABASE_URL", "postgres://layercake:PASSWORD@127.0.0.1:5432/layercake") if PRODUCTION
+        else os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'var' / 'db.sqlite3'}"), conn_max_age=60
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -93,7 +168,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "var" / f"test-db-{os.getpid()}.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = (required_env("REDIS_URL", "redis://:PASSWORD@redis.internal:6379/0") if PRODUCTION
+             else os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
 
 
 def channel_layers(redis_url: str) -> dict:
@@ -119,7 +195,16 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envfloat("CELERY_VISIBI
 # again (dashboard.tasks.resend_lost_launches): the worker that marked it may have been killed before sending,
 # and the broker gives that task back only after the visibility timeout.
 LAUNCH_RESEND_AFTER_S = envfloat("LAUNCH_RESEND_AFTER_S", "30")
+# A plan request still "planning" after this many seconds lost its worker (planning takes about a second):
+# dashboard.tasks.sweep_stale_plans queues it once more, then fails it with the reason.
+PLAN_STALE_AFTER_S = envfloat("PLAN_STALE_AFTER_S", "120")
+# The only directories whose config.json / GGUF files the server reads when a model path is typed in the deploy
+# form (symlinks are followed before the check), like the agent's --model-dir; os.pathsep-separated, empty: none.
+MODEL_DIRS = [Path(d) for d in os.environ.get("MODEL_DIRS", str(VAR_DIR / "models")).split(os.pathsep) if d]
 CELERY_TASK_SERIALIZER = "json"
+# Notifications have their own queue and worker (runstack starts it with -Q notify): a slow mail server or
+# webhook never delays hang detection (evaluate_fleet) or planning on the default queue.
+CELERY_TASK_ROUTES = {"dashboard.tasks.deliver_notifications": {"queue": "notify"}}
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
 
@@ -135,6 +220,20 @@ LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
+# Login lockout (django-axes): LOGIN_FAILURE_LIMIT wrong passwords for one username from one address lock
+# that pair out for LOGIN_COOLOFF_MINUTES; a successful login clears the count. Admins lift a lockout in the
+# admin (Access attempts) or with `manage.py axes_reset`.
+AXES_FAILURE_LIMIT = int(envfloat("LOGIN_FAILURE_LIMIT", "5"))
+AXES_COOLOFF_TIME = timedelta(minutes=envfloat("LOGIN_COOLOFF_MINUTES", "15"))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "dashboard.accounts.lockout_response"
+# Password reset mails: at most PASSWORD_RESET_LIMIT per address and per client within PASSWORD_RESET_WINDOW_S
+# (counted in the cache: the ASGI process's memory, right while the web unit runs one process; with more,
+# point CACHES at Redis).
+PASSWORD_RESET_LIMIT = int(envfloat("PASSWORD_RESET_LIMIT", "3"))
+PASSWORD_RESET_WINDOW_S = envfloat("PASSWORD_RESET_WINDOW_S", "3600")
+
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
@@ -142,8 +241,26 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = BASE_DIR / "var" / "static"
-WHITENOISE_USE_FINDERS = True
+# Development serves static files straight from static/ (scripts/setup.sh makes var/static). Production serves
+# what collectstatic wrote to its state directory (LAYERCAKE_VAR), under content-hashed names (cached for a
+# year) and pre-compressed, through whitenoise's middleware: Django's ASGI handler runs it for uvicorn's
+# requests like any other middleware (reading each file in a thread: whitenoise's responses are synchronous).
+STATIC_ROOT = VAR_DIR / "static" if PRODUCTION else BASE_DIR / "var" / "static"
+WHITENOISE_USE_FINDERS = not PRODUCTION
+if PRODUCTION:
+    STORAGES = {
+        "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+        "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+    }
+    # Behind the TLS proxy (deploy/nginx-layercake.conf), which sets X-Forwarded-Proto on every request;
+    # uvicorn listens on 127.0.0.1 only, so no client can set that header itself.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", "true")
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = envbool("SECURE_COOKIES", "true")
+    CSRF_COOKIE_HTTPONLY = True  # the pages post forms with the form token; no script reads the cookie
+    SECURE_HSTS_SECONDS = int(envfloat("SECURE_HSTS_SECONDS", str(365 * 24 * 3600)))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", "true")
+    SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", "true")
 
 EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
 EMAIL_HOST = os.environ.get("EMAIL_HOST", "127.0.0.1")
@@ -154,6 +271,17 @@ DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "layercake@localhost")
 ALERT_MAIL_LIMIT = int(envfloat("ALERT_MAIL_LIMIT", "10"))
 ALERT_MAIL_WINDOW_S = envfloat("ALERT_MAIL_WINDOW_S", "600")
 ALERT_SMTP_TIMEOUT_S = envfloat("ALERT_SMTP_TIMEOUT_S", "15")
+# Webhooks reach public internet addresses only; an admin allows named internal hosts (comma-separated host
+# names or IP literals, matched against the URL's host). Short timeouts: a receiver that accepts and never
+# answers holds a notify worker for WEBHOOK_CONNECT_TIMEOUT_S + WEBHOOK_READ_TIMEOUT_S at most per try.
+WEBHOOK_ALLOWED_HOSTS = [h for h in os.environ.get("WEBHOOK_ALLOWED_HOSTS", "").split(",") if h.strip()]
+WEBHOOK_CONNECT_TIMEOUT_S = envfloat("WEBHOOK_CONNECT_TIMEOUT_S", "3")
+WEBHOOK_READ_TIMEOUT_S = envfloat("WEBHOOK_READ_TIMEOUT_S", "5")
+# Alert storms: NODE_LOST_GROUP_MIN or more nodes lost within NODE_LOST_GROUP_WINDOW_S of each other open one
+# incident (one alert, one mail) instead of one alert per node. A node lost alone waits out the window
+# before its own alert opens, in case the others follow (Alertmanager's group_wait).
+NODE_LOST_GROUP_MIN = int(envfloat("NODE_LOST_GROUP_MIN", "5"))
+NODE_LOST_GROUP_WINDOW_S = envfloat("NODE_LOST_GROUP_WINDOW_S", "10")
 
 LOGGING = {
     "version": 1,
@@ -169,4 +297,5 @@ CELERY_BEAT_SCHEDULE = {
     # Catches retries that came due and deliveries whose queued task was lost.
     "deliver-notifications": {"task": "dashboard.tasks.deliver_notifications", "schedule": 30.0},
     "resend-lost-launches": {"task": "dashboard.tasks.resend_lost_launches", "schedule": 10.0},
+    "sweep-stale-plans": {"task": "dashboard.tasks.sweep_stale_plans", "schedule": 30.0},
 }

@@ -81,7 +81,7 @@ def _issues(items: list[dict[str, str]]) -> str:
 
 
 def _plan_lines(result: PlanResult, data: dict[str, Any]) -> list[str]:
-    lines = [f"{data['model']['name']}: {len(result.plans)} plan(s), {len(result.rejected)} rejected"]
+    lines = [f"{data['model']['name']}: {len(result.plans)} plan(s), {data['rejected_total']} rejected"]
     for rank, (c, p) in enumerate(zip(result.plans, data["plans"], strict=False), 1):
         risks = ",".join(sorted({r["code"] for r in p["risks"]})) or "-"
         lines.append(f"{rank:>3}. {shape_text(c)} on {where_text(c)}: weights {p['weights_gib_per_gpu']:.1f} "
@@ -95,7 +95,10 @@ def _plan_lines(result: PlanResult, data: dict[str, Any]) -> list[str]:
         lines += [f"risk: [{r['code']}] {r['message']}" for r in best["risks"]]
     if data["rejected"]:
         lines.append("\nrejected:")
-        for c, r in zip(result.rejected, data["rejected"], strict=False):
+        lines += [f"  node {r['node']} (left out): {_issues(r['problems'])}" for r in data["rejected"]
+                  if "backend" not in r]
+        configs = [r for r in data["rejected"] if "backend" in r]
+        for c, r in zip(result.rejected, configs, strict=False):
             lines.append(f"  {shape_text(c)} on {where_text(c)}: {_issues(r['problems'])}")
     return lines
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from importlib import resources
@@ -38,6 +40,13 @@ class GpuModel:
     pcie_p2p: bool  # stock driver allows P2P over PCIe (GeForce: no)
 
 
+# Per-node input errors: the node is skipped and reported, the rest of the cluster is still planned. Besides
+# PlacementError (a clear message), a malformed entry can raise these while it is read.
+NODE_INPUT_ERRORS = (PlacementError, TypeError, ValueError, KeyError, AttributeError, IndexError, ArithmeticError)
+ESTIMATED = "estimated"  # GPU.model of a GPU that is not in the table and has no speed overrides
+MAX_GPU_MEMORY_MIB = 2**24  # 16 TiB, far above any GPU: a larger total is a reporting error
+
+
 @cache
 def gpu_table() -> tuple[GpuModel, ...]:
     text = resources.files("placement.data").joinpath("gpus.csv").read_text(encoding="utf-8")
@@ -59,6 +68,16 @@ def match_gpu_model(name: str, memory_total_mib: float) -> GpuModel | None:
     return max(candidates, key=lambda m: (len(m.hints & tokens), -abs(m.memory_gib - memory_gib)))
 
 
+@cache
+def estimated_speed() -> tuple[float, float]:
+    """(memory GB/s, dense TFLOPS) assumed for a GPU the table does not know: the lowest of each in the table
+    (L4's 300 GB/s, T4's 65 TFLOPS). An NVIDIA GPU that is asked to serve an LLM is rarely slower than the
+    slowest data-center GPUs in the table, so the tokens/s predicted from these is a floor, not a promise;
+    its plans carry an `estimated_speed` risk saying so."""
+    table = gpu_table()
+    return min(m.mem_bw_gbs for m in table), min(m.tflops for m in table)
+
+
 @dataclass
 class GPU:
     node: str
@@ -73,7 +92,7 @@ class GPU:
     pcie_gen: int
     driver_p2p: bool
     numa: str | None
-    model: str  # GPU table row, or "override"
+    model: str  # GPU table row, "override" (speeds given), or ESTIMATED (unknown GPU, speeds assumed)
 
     @property
     def total_gib(self) -> float:
@@ -128,9 +147,21 @@ class Node:
         return self.hardware_signature(), tuple(g.memory_free_mib for g in self.gpus)
 
 
+@dataclass(frozen=True)
+class NodeRejection:
+    """A node left out of planning because its input is unusable; `reason` names what is wrong."""
+
+    name: str
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.name, "gpus": [], "problems": [{"code": "node_input", "message": self.reason}]}
+
+
 @dataclass
 class Cluster:
     nodes: list[Node]
+    rejected_nodes: list[NodeRejection] = field(default_factory=list)
 
     @cached_property
     def _by_name(self) -> dict[str, Node]:
@@ -138,26 +169,52 @@ class Cluster:
 
     def node(self, name: str) -> Node:
         found = self._by_name.get(name)
-        if found is None:
-            raise PlacementError(f"no node named '{name}' in the cluster ({', '.join(n.name for n in self.nodes)})")
-        return found
+        if found is not None:
+            return found
+        rejected = next((r for r in self.rejected_nodes if r.name == name), None)
+        if rejected is not None:
+            raise PlacementError(f"node '{name}' cannot be planned: {rejected.reason}")
+        raise PlacementError(f"no node named '{name}' in the cluster ({', '.join(n.name for n in self.nodes)})")
 
 
 # ---------------------------------------------------------------- loading
 
 
 def load_cluster(obj_or_path: dict[str, Any] | str | Path) -> Cluster:
-    """A Cluster from the parsed JSON object or a path to the JSON file."""
+    """A Cluster from the parsed JSON object or a path to the JSON file. A node whose entry is unusable is
+    left out and listed in `rejected_nodes` with the reason; only a cluster with no usable node is an error."""
     data = obj_or_path if isinstance(obj_or_path, dict) else _read(Path(obj_or_path))
     nodes = data.get("nodes")
     if not isinstance(nodes, list) or not nodes:
         raise PlacementError("cluster: 'nodes' must be a non-empty list")
-    built = [_node(raw, f"cluster: nodes[{i}]") for i, raw in enumerate(nodes)]
-    names = [node.name for node in built]
-    duplicate = next((name for name in names if names.count(name) > 1), None)
-    if duplicate:
-        raise PlacementError(f"cluster: two nodes are named '{duplicate}'")
-    return Cluster(built)
+    built, rejected = _drop_repeated_names(*_read_nodes(nodes))
+    if not built:
+        raise PlacementError("cluster: no node can be planned: " + "; ".join(r.reason for r in rejected))
+    return Cluster(built, rejected)
+
+
+def _read_nodes(nodes: list[Any]) -> tuple[list[Node], list[NodeRejection]]:
+    built, rejected = [], []
+    for i, raw in enumerate(nodes):
+        where = f"cluster: nodes[{i}]"
+        try:
+            built.append(_node(raw, where))
+        except NODE_INPUT_ERRORS as exc:
+            name = raw.get("name") if isinstance(raw, dict) else None
+            name = name if isinstance(name, str) and name else f"nodes[{i}]"
+            reason = str(exc) if isinstance(exc, PlacementError) else \
+                f"{where} ('{name}'): malformed entry ({type(exc).__name__})"
+            rejected.append(NodeRejection(name, reason))
+    return built, rejected
+
+
+def _drop_repeated_names(built: list[Node], rejected: list[NodeRejection]) -> tuple[list[Node], list[NodeRejection]]:
+    """Plans name nodes by name: nodes that share one cannot be told apart, so none of them is planned."""
+    counts = Counter(node.name for node in built)
+    repeated = {name for name, count in counts.items() if count > 1}
+    rejected += [NodeRejection(name, f"cluster: {counts[name]} nodes are named '{name}'; plans could not "
+                               f"say which one is meant") for name in sorted(repeated)]
+    return [node for node in built if node.name not in repeated], rejected
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -174,8 +231,8 @@ def _read(path: Path) -> dict[str, Any]:
 
 def _number(raw: dict[str, Any], key: str, where: str, default: float | None = None) -> float:
     value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        detail = "missing" if value is None else f"must be a positive number, got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        detail = "missing" if value is None else f"must be a positive finite number, got {value!r}"
         raise PlacementError(f"{where}: '{key}' {detail}")
     return float(value)
 
@@ -217,23 +274,26 @@ def _gpu(raw: Any, node: str, where: str, numa: dict[int, str | None]) -> GPU:
     if not isinstance(name, str) or not name:
         raise PlacementError(f"{where}: 'name' must be a non-empty string")
     total = _number(raw, "memory_total_mib", where)
+    if total > MAX_GPU_MEMORY_MIB:
+        raise PlacementError(f"{where}: memory_total_mib {total:g} is more than any GPU has")
     free = _number(raw, "memory_free_mib", where, total) if raw.get("memory_free_mib") != 0 else 0.0
     if free > total:
         raise PlacementError(f"{where}: memory_free_mib {free:g} exceeds memory_total_mib {total:g}")
     model = match_gpu_model(name, total)
     bw, tflops = raw.get("mem_bw_gbs"), raw.get("bf16_tflops")
-    if model is None and (bw is None or tflops is None):
-        missing = " and ".join(k for k, v in (("mem_bw_gbs", bw), ("bf16_tflops", tflops)) if v is None)
-        raise PlacementError(f"{where}: unknown GPU '{name}' (not in the built-in GPU table); give {missing}")
+    estimated = model is None and (bw is None or tflops is None)
+    default_bw, default_tflops = (model.mem_bw_gbs, model.tflops) if model else estimated_speed()
     return GPU(
         node=node, index=index, name=name, memory_total_mib=total, memory_free_mib=free,
-        mem_bw_gbs=_number(raw, "mem_bw_gbs", where) if bw is not None else model.mem_bw_gbs,
-        tflops=_number(raw, "bf16_tflops", where) if tflops is not None else model.tflops,
+        mem_bw_gbs=_number(raw, "mem_bw_gbs", where) if bw is not None else default_bw,
+        tflops=_number(raw, "bf16_tflops", where) if tflops is not None else default_tflops,
         nvlink_gbs_total=model.nvlink_gbs_total if model else 0.0, nvlink_gen=model.nvlink_gen if model else 0,
         pcie_gen=model.pcie_gen if model else 4,
-        driver_p2p=model.pcie_p2p if model else True,
+        # Whether its driver allows P2P over PCIe is unknown too: assume not (TP then carries the link risk)
+        # unless the node's `topo -p2p` says OK; a wrong "yes" would hide an NCCL hang.
+        driver_p2p=model.pcie_p2p if model else not estimated,
         numa=str(raw["numa"]) if raw.get("numa") is not None else numa.get(index),
-        model=model.name if model else "override",
+        model=model.name if model else ESTIMATED if estimated else "override",
     )
 
 

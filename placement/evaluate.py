@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from placement.cluster import GPU, Cluster
 from placement.feasibility import (
     divisibility_problems,
+    estimated_speed_risks,
     link_risks,
     network_issues,
     numa_risks,
@@ -67,7 +68,7 @@ class Evaluator:
         problems += [vision] if vision else []
         net_problems, net_risks = network_issues(layout)
         problems += net_problems
-        risks = link_risks(layout) + numa_risks(layout) + net_risks
+        risks = link_risks(layout) + numa_risks(layout) + net_risks + estimated_speed_risks(layout)
         if problems:
             return Candidate(layout, settings, None, None, problems, risks)
         memory = self._memory(layout, settings, self.request.split_mode)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from placement.cluster import ESTIMATED, estimated_speed
 from placement.dtypes import HF
 from placement.layout import Layout
 from placement.links import CROSS_SOCKET, NETWORK, UNKNOWN, Link
@@ -72,6 +73,18 @@ def numa_risks(layout: Layout) -> list[Issue]:
                                "socket interconnect; prefer GPUs of one NUMA node, or pin the server with "
                                "`numactl --cpunodebind` to the node of the first GPU"))
     return risks
+
+
+def estimated_speed_risks(layout: Layout) -> list[Issue]:
+    unknown = sorted({(g.node, g.name) for g in layout.gpus if g.model == ESTIMATED})
+    if not unknown:
+        return []
+    names = ", ".join(f"'{name}' ({node})" for node, name in unknown)
+    bw, tflops = estimated_speed()
+    return [Issue("estimated_speed", f"GPU {names} is not in the built-in GPU table: its memory is what the node "
+                  f"reported, but its speed is assumed ({bw:g} GB/s, {tflops:g} TFLOPS, the slowest GPUs in the "
+                  "table), so the predicted tokens/s is a floor; add the GPU to placement/data/gpus.csv (or give "
+                  "mem_bw_gbs and bf16_tflops in a cluster file) for a real prediction")]
 
 
 def network_issues(layout: Layout) -> tuple[list[Issue], list[Issue]]:

@@ -1,6 +1,7 @@
 """Link classes between GPUs and what an all-reduce or a pipeline hand-off costs on each.
 
-Speeds are the measured figures collected in research/placement.md (section 2.2):
+Speeds are the measured figures summarised in docs/research.md (section 3, link speeds; the nccl_tests_* files
+are in tests/data/fixtures/placement):
   * host-staged PCIe (no P2P): nccl_tests_001 (2x 2080 Ti, Gen3, P2P NS) all_reduce floor ~12 us with
     2 ranks = 2 ring steps -> 6 us per step; busbw plateau 4.0 GB/s = 0.25 x 15.75 GB/s (Gen3 x16).
   * PCIe with P2P: 4 ranks behind one PLX switch, in-graph all-reduce 19.4 us at 4 KiB = 6 ring steps

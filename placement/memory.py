@@ -1,4 +1,4 @@
-"""Per-GPU memory as vLLM and SGLang size it (formulas and sources: research/placement.md section 1).
+"""Per-GPU memory as vLLM and SGLang size it (formulas and sources: docs/research.md section 3).
 
 vLLM (V1 worker): budget = total x gpu_memory_utilization; weights per TP/PP shard; activation peak of
 the profiling run; non-torch memory (NCCL, cuBLAS); the KV pool takes the rest of the budget; CUDA

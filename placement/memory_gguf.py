@@ -1,4 +1,4 @@
-"""Per-GPU memory for llama.cpp and Ollama (`--split-mode layer`), research/placement.md section 1.2.
+"""Per-GPU memory for llama.cpp and Ollama (`--split-mode layer`), docs/research.md section 3.
 
 Each GPU holds a contiguous block of layers with their KV cache, its own compute buffer and a CUDA
 context; the first GPU also holds the vision projector (mmproj), the last one the output layer. Token

@@ -42,7 +42,8 @@ def plan(model: ModelSpec, cluster: Cluster, request: Request | None = None) -> 
         candidates += _class_candidates(evaluator, members, request, shapes_per_busy)
     candidates += multi_node_candidates(evaluator, nodes, request)
     plans = rank([c for c in candidates if c.feasible])
-    return PlanResult(model, cluster, request, plans, [c for c in candidates if not c.feasible])
+    skipped = [] if request.node else cluster.rejected_nodes  # a pinned node is planned, or raised above
+    return PlanResult(model, cluster, request, plans, [c for c in candidates if not c.feasible], skipped)
 
 
 def rank(plans: list[Candidate]) -> list[Candidate]:

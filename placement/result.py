@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from placement.cluster import Cluster
+from placement.cluster import Cluster, NodeRejection
 from placement.commands import launch
 from placement.evaluate import Candidate
 from placement.perf import HBM_EFFICIENCY
@@ -150,6 +150,7 @@ class PlanResult:
     request: Request
     plans: list[Candidate]
     rejected: list[Candidate]
+    rejected_nodes: list[NodeRejection] = field(default_factory=list)  # whole nodes left out (bad input)
 
     @property
     def best(self) -> Candidate | None:
@@ -169,13 +170,15 @@ class PlanResult:
         return data
 
     def to_json(self, limit: int | None = None, rejected_limit: int | None = None) -> dict[str, Any]:
+        """`rejected` lists the nodes left out first, then the rejected configurations; the limit covers both."""
         plans = self.plans[:limit] if limit is not None else self.plans
-        rejected = self.rejected[:rejected_limit] if rejected_limit is not None else self.rejected
+        nodes = [r.to_json() for r in self.rejected_nodes[:rejected_limit]]
+        rejected = self.rejected if rejected_limit is None else self.rejected[:max(0, rejected_limit - len(nodes))]
         return {
             "model": self.model_json(),
             "plans": [plan_json(c, self.model, self.cluster) for c in plans],
-            "rejected": [rejected_json(c, self.model, self.cluster) for c in rejected],
+            "rejected": nodes + [rejected_json(c, self.model, self.cluster) for c in rejected],
             "plans_total": len(self.plans),
-            "rejected_total": len(self.rejected),
+            "rejected_total": len(self.rejected_nodes) + len(self.rejected),
         }
 

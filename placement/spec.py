@@ -277,13 +277,22 @@ def spec_from_hf_config(config: dict[str, Any], name: str, ref: str, source: str
     )
 
 
+MAX_CONFIG_BYTES = 2_000_000  # a config.json is a few kB; anything this big is some other file
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as file:
+            raw = file.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise PlacementError(f"{path}: larger than {MAX_CONFIG_BYTES // 1_000_000} MB, not a config.json")
+        data = json.loads(raw.decode("utf-8"))
     except json.JSONDecodeError as exc:
-        raise PlacementError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+        raise PlacementError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except UnicodeDecodeError:
+        raise PlacementError(f"{path}: not UTF-8 text, so not a config.json") from None
     except OSError as exc:
-        raise PlacementError(f"{path}: cannot read ({exc.strerror})") from exc
+        raise PlacementError(f"{path}: cannot read ({exc.strerror})") from None
     if not isinstance(data, dict):
         raise PlacementError(f"{path}: expected a JSON object")
     return data
@@ -299,7 +308,7 @@ def load_hf_config(path: Path, ref: str) -> ModelSpec:
 
 @cache
 def catalog() -> dict[str, dict[str, Any]]:
-    """The built-in catalog (a copy of fixtures/placement/model_configs.json)."""
+    """The built-in catalog (a copy of tests/data/fixtures/placement/model_configs.json)."""
     raw = resources.files("placement.data").joinpath("model_configs.json").read_text(encoding="utf-8")
     return json.loads(raw)
 
@@ -369,18 +378,54 @@ def load_model(ref: str) -> ModelSpec:
     if not ref or not ref.strip():
         raise PlacementError("no model given")
     path = Path(ref)
+    if path.is_dir() or path.is_file():
+        return _load_path(path, ref)
+    return _from_catalog(ref, "no such file")
+
+
+def load_model_within(ref: str, model_dirs: list[Path]) -> ModelSpec:
+    """load_model for a reference from someone who may not read this machine's files: a file or folder is read
+    only if its real path (symlinks followed) lies under one of `model_dirs`; any other reference is looked up
+    in the catalog. A path outside the directories is never opened or tested, so the error for it is the same
+    whether it exists or not."""
+    if not ref or not ref.strip():
+        raise PlacementError("no model given")
+    path = confined_path(ref, model_dirs)
+    if path is not None:
+        return _load_path(path, ref)
+    where = ", ".join(str(d) for d in model_dirs) or "none configured"
+    return _from_catalog(ref, f"no config.json or GGUF of that name under the model directories ({where})")
+
+
+def confined_path(ref: str, model_dirs: list[Path]) -> Path | None:
+    """The real path `ref` names under one of `model_dirs` (relative refs are taken from each), if it exists."""
+    try:
+        roots = [Path(d).resolve() for d in model_dirs]
+        candidates = [Path(ref)] if Path(ref).is_absolute() else [root / ref for root in roots]
+        for candidate in candidates:
+            real = candidate.resolve()
+            if any(real.is_relative_to(root) for root in roots) and (real.is_file() or real.is_dir()):
+                return real
+    except (OSError, RuntimeError, ValueError):  # symlink loops, NUL bytes, names too long
+        return None
+    return None
+
+
+def _load_path(path: Path, ref: str) -> ModelSpec:
     if path.is_dir():
         return _load_folder(path, ref)
-    if path.is_file():
-        if path.suffix.lower() == ".gguf":
-            from placement.gguf_spec import load_gguf
+    if path.suffix.lower() == ".gguf":
+        from placement.gguf_spec import load_gguf
 
-            return load_gguf(path, ref)
-        return load_hf_config(path, ref)
+        return load_gguf(path, ref)
+    return load_hf_config(path, ref)
+
+
+def _from_catalog(ref: str, no_file: str) -> ModelSpec:
     key = find_catalog_key(ref)
     if key is None:
         known = ", ".join(sorted(catalog()))
-        raise PlacementError(f"unknown model '{ref}': no such file, and not in the built-in catalog ({known})")
+        raise PlacementError(f"unknown model '{ref}': {no_file}, and not in the built-in catalog ({known})")
     return catalog_spec(key, ref)
 
 

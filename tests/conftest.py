@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,16 +15,18 @@ import pytest
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs a loop in the test thread
 from django.db import connection
 
-from dashboard import stack
+from dashboard import roles, stack
 from layercake.settings import channel_layers
+from tests.personas import person
+from tests.receivers import Receiver
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
 @pytest.fixture
-def alice(django_user_model):
-    """Alice operates the cluster: a staff user with a password."""
-    return django_user_model.objects.create_user("alice", "alice@example.com", "alice-pw-123", is_staff=True)
+def alice(db):
+    """Alice operates the cluster: a user in the operator role with a password."""
+    return person("alice", roles.OPERATOR)
 
 
 @pytest.fixture(scope="session")
@@ -107,6 +110,14 @@ def celery_worker(server_env, log_dir, settings):
 
 
 @pytest.fixture
+def notify_worker(celery_worker, server_env, log_dir):
+    """Besides `celery_worker`, the real worker of the notify queue (alert delivery), as runstack starts them."""
+    worker = stack.celery_notify_worker_service(server_env, log_dir).start()
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture
 def browser():
     """Headless Debian Chromium driven by Playwright (no browser download)."""
     if not os.path.exists(CHROMIUM):
@@ -134,3 +145,20 @@ def operator(live_stack, alice):
     with httpx.Client(base_url=live_stack.url, timeout=30) as client:
         login(client, "alice", "alice-pw-123")
         yield client
+
+
+@pytest.fixture
+def receiver():
+    """Starts webhook receivers answering with the given status codes in turn: `receiver(503, 200)`."""
+    servers = []
+
+    def start(*codes: int) -> Receiver:
+        server = Receiver(list(codes))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()

@@ -1,4 +1,8 @@
-"""Access to the shared public fixtures (../shared/fixtures beside the repository)."""
+"""Access to the public fixtures the tests use: copies in tests/data/fixtures, each file with its source header.
+
+The copies are verbatim (a header, a '---' line, then the data) and never edited. `LAYERCAKE_FIXTURES` points the
+tests at another copy with the same layout (e.g. the upstream `shared/fixtures` folder, to check it still agrees).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,10 @@ import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-FIXTURES = Path(os.environ.get("LAYERCAKE_FIXTURES", REPO.parent / "shared" / "fixtures"))
+BUNDLED = REPO / "tests" / "data" / "fixtures"
+UPSTREAM = REPO.parent / "shared" / "fixtures"
+FIXTURES = Path(os.environ.get("LAYERCAKE_FIXTURES", BUNDLED))
+KINDS = ("topo", "logs", "metrics", "placement")
 
 
 def fixture_files(kind: str, pattern: str = "*") -> list[Path]:

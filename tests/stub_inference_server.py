@@ -1,7 +1,7 @@
 """A tiny stand-in inference server for supervisor tests: vLLM-style load lines, /health, /metrics.
 
 `python -m tests.stub_inference_server --port P --model NAME [--load-seconds S] [--spam N]
-[--ignore-sigterm] [--worker]`. /metrics serves the real vLLM scrape from the shared fixtures plus
+[--ignore-sigterm] [--worker]`. /metrics serves the real vLLM scrape from tests/data/fixtures/metrics plus
 live counters that POST /v1/completions moves (5 tokens and one finished request per call).
 """
 

@@ -34,7 +34,7 @@ def raise_stall(evidence: dict) -> alerts.Alert:
         evidence=evidence)
 
 
-def test_it_mails_once_on_open_and_once_on_resolve_but_not_on_acknowledge(inbox, celery_worker, alice):
+def test_it_mails_once_on_open_and_once_on_resolve_but_not_on_acknowledge(inbox, notify_worker, alice):
     alert = raise_stall({"log": ["INFO Avg generation throughput: 0.0 tokens/s, Running: 3 reqs"]})
     (opened,) = inbox.wait_for(1)
     assert opened["Subject"] == f"[layercake] OPEN: {alert.title}" and opened["To"] == "alice@example.com"

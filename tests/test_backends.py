@@ -141,7 +141,7 @@ def test_it_runs_llama_cpp_python_through_the_agent_wrapper(models):
     adapter = ADAPTERS["llama-cpp-python"]
     admitted = admit(adapter, command, [models])
     assert adapter.argv(admitted, 8200) == [
-        sys.executable, "-m", "agents.llamacpp_server", "--model", str(models / "llama-70b.Q4_K_M.gguf"),
+        sys.executable, "-m", "agents.sim.llamacpp_server", "--model", str(models / "llama-70b.Q4_K_M.gguf"),
         "--host", "127.0.0.1", "--port", "8200", "--n_gpu_layers", "0", "--verbose", "--n_ctx", "2048",
         "--n_threads", "4", "--served_model_name", "smol"]
     assert adapter.health_url(8200) == "http://127.0.0.1:8200/health"
@@ -154,7 +154,7 @@ def test_it_runs_the_simulated_backend_with_the_planned_rate_and_fault(models):
                      options={"tp": 2, "sim_tokens_per_s": 42.5, "sim_fault": "stall"})
     adapter = ADAPTERS["simulated"]
     argv = adapter.argv(admit(adapter, command, [models]), 8300)
-    assert argv == [sys.executable, "-m", "agents.simbackend", "--host", "127.0.0.1", "--port", "8300",
+    assert argv == [sys.executable, "-m", "agents.sim.backend", "--host", "127.0.0.1", "--port", "8300",
                     "--model", "Qwen/Qwen2.5-7B-Instruct", "--tokens-per-s", "42.5", "--fault", "stall",
                     "--tp", "2"]
     assert adapter.metrics_url(8300) == "http://127.0.0.1:8300/metrics"

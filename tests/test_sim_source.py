@@ -10,7 +10,7 @@ import pytest
 from agents import protocol
 from agents.gpus import make_source
 from agents.gpus.base import GpuSourceError
-from agents.gpus.sim import MODELS, PRESETS, TOPOLOGY_DIR, SimSource
+from agents.sim.gpus import MODELS, PRESETS, TOPOLOGY_DIR, SimSource
 from tests.fixtures import fixture_files, read_fixture
 
 PRESET_FIXTURES = {"a30x4": "007_*", "h100x8": "036_*", "rtx4090x2": "016_*"}

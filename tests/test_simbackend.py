@@ -73,7 +73,7 @@ def start_sim(tmp_path: Path) -> Iterator[Callable[..., Sim]]:
     def start(*args: str, tokens_per_s: float = 50, ready: bool = True) -> Sim:
         port, n = free_port(), len(started)
         stdout, log_file = tmp_path / f"stdout{n}.log", tmp_path / f"sim{n}.log"
-        argv = [sys.executable, "-m", "agents.simbackend", "--port", str(port), "--model", MODEL,
+        argv = [sys.executable, "-m", "agents.sim.backend", "--port", str(port), "--model", MODEL,
                 "--tokens-per-s", str(tokens_per_s), "--load-seconds", "0.2", "--stats-interval", "0.5",
                 "--log-file", str(log_file), *args]
         with stdout.open("wb") as out:
@@ -218,11 +218,11 @@ def test_it_refuses_unknown_routes(start_sim) -> None:
 
 
 def test_it_refuses_bad_arguments() -> None:
-    run = subprocess.run([sys.executable, "-m", "agents.simbackend", "--port", "8000", "--model", "m",
+    run = subprocess.run([sys.executable, "-m", "agents.sim.backend", "--port", "8000", "--model", "m",
                           "--tokens-per-s", "10", "--fault", "nccl-init-hang"],
                          cwd=BASE_DIR, capture_output=True, text=True, timeout=30)
     assert run.returncode == 2 and "--fault nccl-init-hang needs --tp 2 or more" in run.stderr
-    run = subprocess.run([sys.executable, "-m", "agents.simbackend", "--port", "8000", "--model", "m",
+    run = subprocess.run([sys.executable, "-m", "agents.sim.backend", "--port", "8000", "--model", "m",
                           "--tokens-per-s", "0"], cwd=BASE_DIR, capture_output=True, text=True, timeout=30)
     assert run.returncode == 2 and "--tokens-per-s: must be > 0" in run.stderr
 

@@ -407,7 +407,7 @@ def test_it_keeps_the_agent_token_out_of_the_server_environment(monkeypatch):
 
 @pytest.mark.asyncio
 async def test_it_runs_the_real_simulated_backend_through_the_production_adapter(run_dir, recorder):
-    pytest.importorskip("agents.simbackend")
+    pytest.importorskip("agents.sim.backend")
     import urllib.request
 
     supervisor = Supervisor([], run_dir, recorder.status, lambda dep, c: recorder.metrics.append((dep, c)),

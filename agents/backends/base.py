@@ -8,6 +8,7 @@ names, and the GPU layout must add up. A refusal raises `LaunchRefused` before a
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import sys
@@ -38,6 +39,7 @@ class Adapter(ABC):
 
     name: ClassVar[str]
     executable_name: ClassVar[str]  # looked up on the agent's PATH; "" = this Python (sys.executable)
+    module: ClassVar[str] = ""  # with executable_name "": the module this Python runs (`python -m module`)
     model_is_path: ClassVar[bool] = True
     model_must_be_file: ClassVar[bool] = False
     needs_gpu_per_rank: ClassVar[bool] = False  # tp * pp must equal the number of GPUs (over all nodes)
@@ -47,6 +49,8 @@ class Adapter(ABC):
 
     def executable(self) -> str:
         if not self.executable_name:
+            if self.module:
+                require_module(self.name, self.module)
             return sys.executable
         found = shutil.which(self.executable_name)
         if found is None:
@@ -94,6 +98,17 @@ class Adapter(ABC):
     def load_request(self, launch: Launch, port: int, host: str = LOOPBACK) -> tuple[str, dict] | None:
         """A request that loads the model once the server answers (URL, JSON body), for servers that start empty."""
         return None
+
+
+def require_module(backend: str, module: str) -> None:
+    """Refuse a launch whose server module is not installed (the simulation ships separately)."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package (agents.sim) is missing
+        found = False
+    if not found:
+        raise LaunchRefused(f"{backend}: module {module!r} is not installed on this node; it ships in "
+                            f"layercake-agent-sim (demos and tests, not GPU nodes)")
 
 
 def gpu_env(gpus: list[int]) -> dict[str, str]:

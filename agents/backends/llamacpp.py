@@ -44,16 +44,17 @@ def gpu_layers(launch: Launch) -> str:
 
 
 class LlamaCppPythonAdapter(Adapter):
-    """`python -m agents.llamacpp_server`: llama-cpp-python's server app, with /metrics in vLLM names."""
+    """`python -m agents.sim.llamacpp_server`: llama-cpp-python's server app, with /metrics in vLLM names."""
 
     name = "llama-cpp-python"
     executable_name = ""
+    module = "agents.sim.llamacpp_server"
     model_must_be_file = True
 
     def argv(self, launch: Launch, port: int, host: str = LOOPBACK) -> list[str]:
         o = launch.options
         layers = gpu_layers(launch)
-        argv = [self.executable(), "-m", "agents.llamacpp_server", "--model", launch.model,
+        argv = [self.executable(), "-m", self.module, "--model", launch.model,
                 "--host", host, "--port", str(port), "--n_gpu_layers", "-1" if layers == ALL_LAYERS else layers,
                 "--verbose"]  # llama.cpp's own loading lines, for the log view and the log scanner
         return argv + valued_options({"--n_ctx": o.max_model_len, "--n_threads": o.threads,

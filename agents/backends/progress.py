@@ -24,7 +24,7 @@ LLAMACPP_MARKS = (
     (re.compile(r"\bmain: model loaded\b"), 1.0),
 )
 DOTS = re.compile(r"^\.{1,100}$")
-# agents.llamacpp_server (llama-cpp-python) says when it starts and ends loading, around llama.cpp's lines.
+# agents.sim.llamacpp_server (llama-cpp-python) says when it starts and ends loading, around llama.cpp's lines.
 LLAMACPP_PYTHON_MARKS = (
     (re.compile(r"\(llama\.cpp engine\) loading model "), 0.0),
     (re.compile(r"Model \S+ loaded in [\d.]+ s"), 1.0),

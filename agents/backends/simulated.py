@@ -1,4 +1,4 @@
-"""The simulated backend (`python -m agents.simbackend`): no GPU, vLLM-style API, metrics and log lines."""
+"""The simulated backend (`python -m agents.sim.backend`): no GPU, vLLM-style API, metrics and log lines."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from agents.protocol import Launch
 class SimulatedAdapter(Adapter):
     name = "simulated"
     executable_name = ""
+    module = "agents.sim.backend"
     model_is_path = False
     multi_node = True
 
@@ -26,7 +27,7 @@ class SimulatedAdapter(Adapter):
 
     def argv(self, launch: Launch, port: int, host: str = LOOPBACK) -> list[str]:
         o = launch.options
-        argv = [self.executable(), "-m", "agents.simbackend", "--host", host, "--port", str(port),
+        argv = [self.executable(), "-m", self.module, "--host", host, "--port", str(port),
                 "--model", launch.model, "--tokens-per-s", number(o.sim_tokens_per_s or 0), "--fault", o.sim_fault,
                 "--tp", str(o.tp)]
         argv += valued_options({"--max-model-len": o.max_model_len, "--served-model-name": o.served_model_name})

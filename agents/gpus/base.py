@@ -35,3 +35,19 @@ class GpuSource(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, most sources hold nothing
         """Release the driver handle; the default has nothing to release."""
+
+
+class LoadAware(ABC):
+    """Optional for a source: it is told what the agent's inference servers put on its GPUs.
+
+    Real GPUs show a server's memory and utilization by themselves; a simulated source has nothing to fill, so
+    the agent tells it (memory held by the KV pool while loaded, utilization while tokens flow).
+    """
+
+    @abstractmethod
+    def set_load(self, index: int, util: float | None = None, mem_used_mib: float | None = None) -> None:
+        """Pin a GPU's utilization and/or memory used (None leaves that one as it is)."""
+
+    @abstractmethod
+    def clear_load(self, index: int) -> None:
+        """Hand a pinned GPU back to the source's own behaviour."""

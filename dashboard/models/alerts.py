@@ -15,6 +15,7 @@ from django.utils import timezone
 from dashboard.choices import AlertSeverity, AlertStatus, ChannelKind, NotificationStatus
 from dashboard.models.deployments import Deployment
 from dashboard.models.fleet import Node
+from dashboard.roles import ROLE_NAMES
 
 # A worker that claimed a notification and died leaves it "sending"; after this long another may take it.
 CLAIM_TIMEOUT = timedelta(minutes=5)
@@ -76,6 +77,10 @@ class Alert(models.Model):
     def log_lines(self) -> list[str]:
         """evidence["log"]: the log lines around the onset, as the rule passed them."""
         return [str(line) for line in (self.evidence or {}).get("log", [])]
+
+    def member_nodes(self) -> list[dict[str, Any]]:
+        """evidence["nodes"] of an incident grouping many lost nodes: {"id", "name", "lost_at", "back_at"} each."""
+        return list((self.evidence or {}).get("nodes", []))
 
     def replan_fields(self) -> dict[str, Any] | None:
         return (self.actions or {}).get("replan")
@@ -144,8 +149,10 @@ class Channel(models.Model):
 
     @classmethod
     def ensure_operator_emails(cls) -> None:
-        """Every active staff user with an address has an e-mail channel (on unless they turned it off)."""
-        staff = get_user_model().objects.filter(is_active=True, is_staff=True).exclude(email="")
+        """Every active user with an address and a role (or staff status) has an e-mail channel (on unless
+        they turned it off)."""
+        staff = (get_user_model().objects.filter(Q(is_staff=True) | Q(groups__name__in=ROLE_NAMES), is_active=True)
+                 .exclude(email="").distinct())
         for user in staff:
             channel, _ = cls.objects.get_or_create(owner=user, kind=ChannelKind.EMAIL,
                                                    defaults={"value": user.email})

@@ -34,6 +34,8 @@ class PlanRequest(models.Model):
     gpus = models.CharField(max_length=200, blank=True, help_text="comma-separated GPU indices")
     tp = models.PositiveSmallIntegerField(null=True, blank=True, help_text="tensor-parallel size (1: none)")
     status = models.CharField(max_length=10, choices=PlanStatus.choices(), default=PlanStatus.QUEUED)
+    status_since = models.DateTimeField(default=timezone.now)
+    attempts = models.PositiveSmallIntegerField(default=0, help_text="how many times planning started")
     error = models.TextField(blank=True)
     result = models.JSONField(null=True, blank=True)
 

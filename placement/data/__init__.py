@@ -1,1 +1,1 @@
-"""Package data: the model catalog (copy of fixtures/placement/model_configs.json) and the GPU table."""
+"""Package data: the model catalog (copy of tests/data/fixtures/placement/model_configs.json) and the GPU table."""

@@ -12,7 +12,8 @@ cd "$work"
 npm pack --silent "chart.js@$CHARTJS_VERSION" "chartjs-adapter-date-fns@$ADAPTER_VERSION" >/dev/null
 tar -xzf "chart.js-$CHARTJS_VERSION.tgz" && mv package chartjs
 tar -xzf "chartjs-adapter-date-fns-$ADAPTER_VERSION.tgz" && mv package adapter
-cp chartjs/dist/chart.umd.min.js "$here/chart.umd.min.js"
+# Without its source map (not vendored): collectstatic's hashed-name storage fails on a reference to a missing file.
+sed '/^\/\/# sourceMappingURL=/d' chartjs/dist/chart.umd.min.js > "$here/chart.umd.min.js"
 cp adapter/dist/chartjs-adapter-date-fns.bundle.min.js "$here/chartjs-adapter-date-fns.bundle.min.js"
 cp chartjs/LICENSE.md "$here/LICENSE-chart.js.md"
 cp adapter/LICENSE.md "$here/LICENSE-chartjs-adapter-date-fns.md"

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('dashboard', '0005_multi_node'),
+        ('dashboard', '0006_planrequest_status_since'),
     ]
 
     operations = [

@@ -1,6 +1,6 @@
 """A SIMULATED inference backend: no model, no GPU. For the demo fleet and for fault tests.
 
-    python -m agents.simbackend --port P --model NAME --tokens-per-s X
+    python -m agents.sim.backend --port P --model NAME --tokens-per-s X
         [--fault none|nccl-init-hang|stall|crash] [--load-seconds S] [--crash-after S] [--tp N]
         [--stats-interval S] [--log-file F] [--host H] [--served-model-name N] [--max-model-len N]
         [--max-num-seqs N] [--kv-cache-tokens N] [--nnodes N --node-rank R --master-addr A --master-port P]
@@ -35,7 +35,7 @@ Faults
 SIGTERM or SIGINT shut it down cleanly (exit 0).
 
 Across nodes (``--nnodes`` > 1) every node runs one process: the head (``--node-rank 0``) waits for the
-others on ``--master-addr:--master-port`` (agents.simrendezvous) before it loads and serves; the others
+others on ``--master-addr:--master-port`` (agents.sim.rendezvous) before it loads and serves; the others
 serve no API (like vLLM's ``--headless``). When any node goes away the rest log an NCCL error and exit 1.
 """
 
@@ -61,7 +61,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from agents.simrendezvous import Rendezvous, RendezvousError
+from agents.sim.rendezvous import Rendezvous, RendezvousError
 
 FINGERPRINT = "layercake-simulated-backend"
 OWNED_BY = "layercake-simbackend (SIMULATED: no model, no GPU)"
@@ -730,7 +730,7 @@ class SimServer:
 
     def _log_banner(self) -> None:
         o = self.opts
-        self.log.api("simbackend.py:1", f"SIMULATED inference backend (layercake agents.simbackend): no model is "
+        self.log.api("simbackend.py:1", f"SIMULATED inference backend (layercake agents.sim.backend): no model is "
                      f"loaded and no GPU is used; it generates {o.tokens_per_s:g} tokens/s per request "
                      f"(fault: {o.fault})", "WARNING")
         self.log.api("api_server.py:1805", f"vLLM API server version {VLLM_VERSION} (simulated)")
@@ -884,7 +884,7 @@ def _number(kind: type, minimum: float, strict: bool) -> Callable[[str], float]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m agents.simbackend",
+    p = argparse.ArgumentParser(prog="python -m agents.sim.backend",
                                 description="SIMULATED vLLM-like inference backend (no model, no GPU).")
     p.add_argument("--port", type=_number(int, 1, False), required=True)
     p.add_argument("--host", default="127.0.0.1")

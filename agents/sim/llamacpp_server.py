@@ -11,7 +11,7 @@ llama-cpp-python's server has no /metrics. This wraps its app so the agent can w
 * stdout gets vLLM-like lines ("Uvicorn running on ...", "Avg prompt throughput: ...") so the same log
   classifier (agents/logscan.py) and progress parsing apply.
 
-    python -m agents.llamacpp_server --model PATH --host 127.0.0.1 --port P [--n_ctx N] [--n_threads T]
+    python -m agents.sim.llamacpp_server --model PATH --host 127.0.0.1 --port P [--n_ctx N] [--n_threads T]
         [--n_gpu_layers N] [--served_model_name NAME] [--log_stats_interval S] [--verbose]
 """
 
@@ -344,7 +344,7 @@ def _port(text: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m agents.llamacpp_server", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m agents.sim.llamacpp_server", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, type=Path, help="path to a GGUF file")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=8000)

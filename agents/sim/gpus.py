@@ -1,7 +1,7 @@
-"""Simulated GPUs for machines without any (CI, the demo fleet, load tests), and the source factory.
+"""Simulated GPUs for machines without any (CI, the demo fleet, load tests).
 
 A spec names a GPU model, a count and a real `nvidia-smi topo -m` paste:
-  sim:a30x4 | sim:h100x8 | sim:rtx4090x2            presets shipped in sim_topologies/
+  sim:a30x4 | sim:h100x8 | sim:rtx4090x2            presets shipped in topologies/
   sim:MODEL,COUNT,PATH_TO_TOPO_TXT                   e.g. sim:L40S,4,/tmp/topo.txt
 either with an optional `,seed=N`. Everything is driven by seeded random generators and advances one step
 per `sample()` call, so two sources built from the same spec produce identical inventories and samples.
@@ -16,12 +16,11 @@ from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from agents.gpus.base import GpuSource, GpuSourceError
-from agents.gpus.nvml import NvmlSource
+from agents.gpus.base import GpuSource, GpuSourceError, LoadAware
 from agents.protocol import GpuInfo, GpuProcess, GpuSample, TopoDevice, TopoLink, Topology, TopoNic
 from agents.topo import TopologyParseError, parse_topology
 
-TOPOLOGY_DIR = Path(__file__).with_name("sim_topologies")
+TOPOLOGY_DIR = Path(__file__).with_name("topologies")
 DRIVER_VERSION = "550.54.15"
 CUDA_VERSION = "12.4"
 DEFAULT_SEED = 0
@@ -81,15 +80,6 @@ class SimSpec:
     topology_source: str  # where the matrix came from, for error messages
     seed: int = DEFAULT_SEED
     workload: str = "mixed"  # "mixed": other jobs come and go; "idle": a dedicated server with nothing running
-
-
-def make_source(spec: str) -> GpuSource:
-    """The CLI's --gpu-source: "nvml" or "sim:SPEC"; anything else is a GpuSourceError."""
-    if spec == "nvml":
-        return NvmlSource()
-    if spec.startswith("sim:"):
-        return SimSource(spec)
-    raise GpuSourceError(f"unknown GPU source {spec!r}: use nvml or sim:SPEC (presets: {', '.join(PRESETS)})")
 
 
 def parse_spec(spec: str) -> SimSpec:
@@ -198,7 +188,7 @@ def p2p_label(model: GpuModel, link: str, mode: str) -> str:
     return "NS" if link in ("SYS", "SOC") else "OK"
 
 
-class SimSource(GpuSource):
+class SimSource(GpuSource, LoadAware):
     """Simulated GPUs from a spec; `set_load` and `inject_xid` let tests and demos drive them."""
 
     kind = "sim"
