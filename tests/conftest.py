@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -162,3 +163,19 @@ def receiver():
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def dns(monkeypatch):
+    """Answers for made-up host names, in turn (the last one repeats); every other name resolves for real."""
+    answers: dict[str, list[str]] = {}
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host not in answers:
+            return real(host, port, *args, **kwargs)
+        address = answers[host].pop(0) if len(answers[host]) > 1 else answers[host][0]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return answers

@@ -54,6 +54,12 @@ class World:
     queued: list[tuple[str, object]] = field(default_factory=list)
 
 
+@pytest.fixture(autouse=True)
+def public_hook_host(dns):
+    """hooks.example stands for a public receiver: webhooks to internal addresses are refused."""
+    dns["hooks.example"] = ["93.184.215.14"]
+
+
 def make_user(persona: str) -> AbstractBaseUser:
     if persona == NO_ROLE:
         return get_user_model().objects.create_user("stan", "stan@example.com", "stan-pw-123", is_staff=True)
