@@ -12,13 +12,26 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 VERSION = 1
+# Websocket close codes the server uses (the agent stops on the first two, reconnects on the last).
+CLOSE_UNAUTHORIZED = 4401  # unknown or revoked token
+CLOSE_REPLACED = 4409  # another connection with this node's token took over
+CLOSE_RETRY = 1013  # try again later: the server could not store a frame; reconnect and replay
 MAX_FRAME_BYTES = 256 * 1024
 MAX_LOG_LINES = 500
 MAX_LOG_LINE_CHARS = 4096
+INT64_MAX = 2**63 - 1  # what both databases hold in a BIGINT; no integer on the wire may exceed it
+MAX_GPU_MEMORY_MIB = 2**24  # 16 TiB per GPU; the column is a 32-bit integer
 
 Percent = Annotated[float, Field(ge=0, le=100)]
 NonNegative = Annotated[float, Field(ge=0)]
 Name = Annotated[str, Field(min_length=1, max_length=200)]
+Seq = Annotated[int, Field(ge=1, le=INT64_MAX)]
+Counter = Annotated[int, Field(ge=0, le=INT64_MAX)]
+Pid = Annotated[int, Field(ge=0, le=2**31 - 1)]
+Mib = Annotated[float, Field(ge=0, le=MAX_GPU_MEMORY_MIB)]
+# Seconds since the epoch, up to 2100: any such time converts to a date. How far from its own clock it
+# accepts a time is the server's rule (dashboard.ingest.check_time).
+Timestamp = Annotated[float, Field(gt=0, le=4_102_444_800)]
 
 
 class ProtocolError(ValueError):
@@ -31,7 +44,8 @@ class ProtocolError(ValueError):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No NaN or Infinity anywhere: they cannot be compared, and browsers cannot parse them as JSON.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class GpuInfo(Strict):
@@ -39,8 +53,8 @@ class GpuInfo(Strict):
     uuid: Name
     name: Name
     pci_bus_id: Annotated[str, Field(max_length=64)] = ""
-    memory_total_mib: Annotated[int, Field(gt=0)]
-    numa_node: int | None = None
+    memory_total_mib: Annotated[int, Field(gt=0, le=MAX_GPU_MEMORY_MIB)]
+    numa_node: Annotated[int, Field(ge=-1, le=65535)] | None = None
     power_limit_w: NonNegative | None = None
 
 
@@ -86,42 +100,42 @@ class Hello(Strict):
 
 
 class GpuProcess(Strict):
-    pid: Annotated[int, Field(ge=0)]
+    pid: Pid
     name: Annotated[str, Field(max_length=256)] = ""
-    used_mib: NonNegative = 0
+    used_mib: Mib = 0
 
 
 class GpuSample(Strict):
     index: Annotated[int, Field(ge=0, lt=256)]
     util_gpu: Percent
     util_mem: Percent
-    mem_used_mib: NonNegative
-    mem_free_mib: NonNegative
+    mem_used_mib: Mib
+    mem_free_mib: Mib
     temp_c: Annotated[float, Field(ge=-50, le=200)]
     power_w: NonNegative
     power_limit_w: NonNegative | None = None
     sm_clock_mhz: NonNegative | None = None
     mem_clock_mhz: NonNegative | None = None
-    throttle_reasons: Annotated[int, Field(ge=0)] = 0
-    ecc_corrected: Annotated[int, Field(ge=0)] | None = None
-    ecc_uncorrected: Annotated[int, Field(ge=0)] | None = None
-    xids: Annotated[list[int], Field(max_length=64)] = []
+    throttle_reasons: Counter = 0  # a bit mask (NVML's is 64 bits wide; the bits it defines are the low ones)
+    ecc_corrected: Counter | None = None
+    ecc_uncorrected: Counter | None = None
+    xids: Annotated[list[Annotated[int, Field(ge=0, le=2**32 - 1)]], Field(max_length=64)] = []
     processes: Annotated[list[GpuProcess], Field(max_length=256)] = []
 
 
 class Samples(Strict):
     type: Literal["samples"]
     v: Literal[1]
-    seq: Annotated[int, Field(ge=1)]
-    t: Annotated[float, Field(gt=0)]
+    seq: Seq
+    t: Timestamp
     gpus: Annotated[list[GpuSample], Field(min_length=1, max_length=64)]
 
 
 class LogTail(Strict):
     type: Literal["logs"]
     v: Literal[1]
-    seq: Annotated[int, Field(ge=1)]
-    t: Annotated[float, Field(gt=0)]
+    seq: Seq
+    t: Timestamp
     source: Name
     lines: Annotated[
         list[Annotated[str, Field(max_length=MAX_LOG_LINE_CHARS)]], Field(min_length=1, max_length=MAX_LOG_LINES)
@@ -137,13 +151,13 @@ class DeploymentStatus(Strict):
 
     type: Literal["deployment"]
     v: Literal[1]
-    seq: Annotated[int, Field(ge=1)]
-    t: Annotated[float, Field(gt=0)]
+    seq: Seq
+    t: Timestamp
     deployment: DeploymentId
     state: DeploymentState
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
-    pid: Annotated[int, Field(ge=1)] | None = None
-    exit_code: int | None = None
+    pid: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
+    exit_code: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] | None = None
     progress: Annotated[float, Field(ge=0, le=1)] | None = None
     detail: Annotated[str, Field(max_length=4000)] = ""
     # multi-node head (node_rank 0): the port its rendezvous listens on, for the other nodes' launches
@@ -171,8 +185,8 @@ class ServerCounters(Strict):
 class Metrics(Strict):
     type: Literal["metrics"]
     v: Literal[1]
-    seq: Annotated[int, Field(ge=1)]
-    t: Annotated[float, Field(gt=0)]
+    seq: Seq
+    t: Timestamp
     deployment: DeploymentId
     counters: ServerCounters
 
@@ -271,12 +285,9 @@ class _ServerFrame(BaseModel):
 
 def parse_server_command(raw: str | bytes) -> Launch | Stop | Restart:
     """Validate a command from the server on the agent side; refuses extra argv, unknown env, odd names."""
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError("bad_json", f"command is not JSON: {exc}") from None
+    data = _load_json(raw, "command")
     if not isinstance(data, dict) or data.get("type") not in ("launch", "stop", "restart"):
-        raise ProtocolError("unknown_type", f"unknown command {data.get('type') if isinstance(data, dict) else data!r}")
+        raise ProtocolError("unknown_type", f"unknown command {_shown(data.get('type') if isinstance(data, dict) else data)}")
     try:
         return _ServerFrame(message=data).message
     except ValidationError as exc:
@@ -285,12 +296,10 @@ def parse_server_command(raw: str | bytes) -> Launch | Stop | Restart:
 
 def parse_agent_message(raw: str | bytes) -> Hello | Samples | LogTail | DeploymentStatus | Metrics:
     """Validate one frame from an agent; raise ProtocolError saying exactly what is wrong."""
-    if len(raw) > MAX_FRAME_BYTES:
-        raise ProtocolError("too_large", f"frame of {len(raw)} bytes exceeds {MAX_FRAME_BYTES}")
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError("bad_json", f"frame is not JSON: {exc}") from None
+    size = frame_bytes(raw)
+    if size > MAX_FRAME_BYTES:
+        raise ProtocolError("too_large", f"frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
+    data = _load_json(raw, "frame")
     _check_envelope(data)
     try:
         return _AgentFrame(message=data).message
@@ -298,14 +307,35 @@ def parse_agent_message(raw: str | bytes) -> Hello | Samples | LogTail | Deploym
         raise ProtocolError("invalid", _describe(exc)) from None
 
 
+def _load_json(raw: str | bytes, what: str) -> object:
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError("bad_json", f"{what} is not JSON: {exc}") from None
+    except RecursionError:  # the decoder recurses once per level of nesting
+        raise ProtocolError("bad_json", f"{what} is nested too deeply") from None
+
+
+def frame_bytes(raw: str | bytes) -> int:
+    """The frame's size on the wire: UTF-8 bytes, not characters (a character can take up to 4)."""
+    return len(raw) if isinstance(raw, bytes) else len(raw.encode("utf-8", "surrogatepass"))
+
+
 def _check_envelope(data: object) -> None:
     if not isinstance(data, dict):
         raise ProtocolError("invalid", "frame must be a JSON object")
     kind = data.get("type")
     if kind not in AGENT_TYPES:
-        raise ProtocolError("unknown_type", f"unknown message type {kind!r}")
+        raise ProtocolError("unknown_type", f"unknown message type {_shown(kind)}")
     if data.get("v") != VERSION:
-        raise ProtocolError("bad_version", f"protocol version {data.get('v')!r} not supported (server speaks {VERSION})")
+        raise ProtocolError("bad_version", f"protocol version {_shown(data.get('v'))} not supported (server speaks {VERSION})")
+
+
+def _shown(value: object) -> str:
+    """A value from a frame, for an error message: short, and never the repr of a deep structure."""
+    if isinstance(value, str | int | float | bool) or value is None:
+        return repr(value)[:80]
+    return f"a JSON {'array' if isinstance(value, list) else 'object'}"
 
 
 def _describe(exc: ValidationError) -> str:

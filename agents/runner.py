@@ -27,7 +27,6 @@ from agents.ring import Outbox, outbox_owner
 from agents.supervisor import Supervisor
 
 log = logging.getLogger("agents")
-CLOSE_UNAUTHORIZED = 4401
 
 
 class AgentRejected(RuntimeError):
@@ -258,8 +257,10 @@ class Agent:
                 self.on_server_message(json.loads(raw))
         finally:
             sender.cancel()
-        if ws.close_code == CLOSE_UNAUTHORIZED:
+        if ws.close_code == protocol.CLOSE_UNAUTHORIZED:
             raise AgentRejected("server closed the connection: token revoked")
+        if ws.close_code == protocol.CLOSE_REPLACED:  # two agents with one token would take turns forever
+            raise AgentRejected("server closed the connection: another agent connected with this node's token")
 
     def on_server_message(self, message: dict) -> None:
         kind = message.get("type")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -13,7 +12,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from dashboard import alerts, egress, roles, tasks
+from dashboard import alerts, browser_json, egress, roles, tasks
 from dashboard.choices import AlertStatus, ChannelKind
 from dashboard.context_processors import banner_context
 from dashboard.models import Alert, Channel
@@ -65,7 +64,7 @@ def alert_page(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def evidence_facts(evidence: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(name.replace("_", " "), value if isinstance(value, str) else json.dumps(value))
+    return [(name.replace("_", " "), value if isinstance(value, str) else browser_json.dumps(value))
             for name, value in evidence.items() if name not in DRAWN_EVIDENCE]
 
 

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import logging
+import time
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.db import DatabaseError
 from redis.exceptions import RedisError
 
 from agents import protocol
-from dashboard import deploy, ingest
+from dashboard import browser_json, deploy, ingest
 from dashboard.choices import NodeStatus
 from dashboard.live import FLEET_GROUP, agent_group, announce_node
 from dashboard.models import AgentToken, Node
 
 log = logging.getLogger(__name__)
-CLOSE_UNAUTHORIZED = 4401
 
 
 def bearer_token(scope: dict) -> str:
@@ -30,21 +30,30 @@ class AgentConsumer(AsyncWebsocketConsumer):
     """One connected node agent. Frames are validated before anything is stored."""
 
     node: Node | None = None
-    gpu_ids: dict[int, int]
+    token_id: int | None = None
+    gpu_ids: dict[int, int] | None = None  # set by a stored hello; samples need it
     accepted_seq: int = 0  # highest sequence number handed to the ingest buffer
+    accepted_at: float = 0.0  # when accepted_seq last moved (unix time): bounds how far the next may jump
     stored_seq: int = 0  # highest sequence number known to be in the database (what may be acked)
+    closing: bool = False  # revoked, replaced or told to send again: no more frames are taken
+    replaced: bool = False  # a newer connection of this node took over (it marks the node connected)
 
     async def connect(self) -> None:
         await self.accept()
-        self.node = await database_sync_to_async(AgentToken.authenticate)(bearer_token(self.scope))
-        if self.node is None:
+        token = await database_sync_to_async(AgentToken.authenticate_token)(bearer_token(self.scope))
+        if token is None:
             await self.send(protocol.error("unauthorized", "unknown or revoked agent token"))
-            await self.close(CLOSE_UNAUTHORIZED)
+            await self.close(protocol.CLOSE_UNAUTHORIZED)
+            return
+        self.node, self.token_id = token.node, token.pk
+        # One agent per node: an older connection (a duplicate agent, or a socket not yet seen dead) is closed.
+        await self.channel_layer.group_send(agent_group(self.node.pk), {"type": "agent.replaced"})
+        await self.channel_layer.group_add(agent_group(self.node.pk), self.channel_name)
 
     async def disconnect(self, code: int) -> None:
         if self.node is not None:
             await self.channel_layer.group_discard(agent_group(self.node.pk), self.channel_name)
-        if self.node is not None and getattr(self, "gpu_ids", None) is not None:
+        if self.node is not None and self.gpu_ids is not None and not self.replaced:
             await database_sync_to_async(ingest.mark_disconnected)(self.node.pk)
             try:
                 await announce_node(self.node.pk, self.node.name, NodeStatus.STALE)
@@ -61,11 +70,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await super().dispatch(message)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if self.node is None:
+        if self.node is None or self.closing:
             return
         try:
-            message = protocol.parse_agent_message(text_data if text_data is not None else bytes_data or b"")
-            await self.handle(message)
+            if text_data is None:
+                raise protocol.ProtocolError("binary", "binary frames are refused: the protocol is JSON text")
+            await self.handle(protocol.parse_agent_message(text_data))
         except protocol.ProtocolError as exc:
             log.warning("agent %s: rejected frame: %s", self.node.name, exc.message)
             await self.send(protocol.error(exc.code, exc.message))
@@ -74,31 +84,52 @@ class AgentConsumer(AsyncWebsocketConsumer):
                      | protocol.Metrics) -> None:
         if isinstance(message, protocol.Hello):
             await self.hello(message)
-        elif getattr(self, "gpu_ids", None) is None:
+        elif self.gpu_ids is None:
             raise protocol.ProtocolError("hello_required", "send hello before samples or logs")
         elif message.seq <= self.stored_seq:
             await self.send(protocol.ack(self.stored_seq))  # a replay of what is already stored
         elif message.seq <= self.accepted_seq:
             return  # a replay of what is still in flight: its flush will ack it
         else:
+            now = time.time()
+            ingest.check_seq(message.seq, self.accepted_seq, now - self.accepted_at)
+            ingest.check_time(message.t, now)
             self.enqueue(message)
+            self.accepted_at = now
 
     async def hello(self, message: protocol.Hello) -> None:
         buffer = ingest.ingest_buffer()
         await buffer.flush()  # whatever an earlier connection of this agent still has in flight
         node = await database_sync_to_async(Node.objects.get)(pk=self.node.pk)
-        self.gpu_ids = await database_sync_to_async(ingest.apply_hello)(node, message)
+        watermark_moved = node.last_seen or node.created
+        try:
+            self.gpu_ids = await database_sync_to_async(ingest.apply_hello)(node, message)
+        except (DatabaseError, *ingest.REFUSALS) as exc:
+            raise protocol.ProtocolError("hello_refused", f"the server could not store this hello: {exc}") from None
         self.node, self.accepted_seq, self.stored_seq = node, node.last_seq, node.last_seq
+        self.accepted_at = watermark_moved.timestamp()
         await self.send(protocol.welcome(node.name, node.last_seq))
-        await self.channel_layer.group_add(agent_group(node.pk), self.channel_name)
         for frame in await database_sync_to_async(deploy.desired_launches)(node):
             await self.send(frame)  # the agent launches idempotently: this only restores what it lost
         await announce_node(node.pk, node.name, NodeStatus.ONLINE)
 
     async def agent_command(self, event: dict) -> None:
         """A command for this node's agent from a Celery task (launch, stop, restart)."""
-        if getattr(self, "gpu_ids", None) is not None:
+        if self.gpu_ids is not None and not self.closing:
             await self.send(event["frame"])
+
+    async def agent_replaced(self, event: dict) -> None:
+        """A newer connection of this node's agent: it takes over, this one is closed."""
+        self.closing = self.replaced = True
+        await self.send(protocol.error("replaced", "a newer connection of this node's agent replaced this one"))
+        await self.close(protocol.CLOSE_REPLACED)
+
+    async def agent_revoked(self, event: dict) -> None:
+        """An admin revoked (or deleted) an agent token of this node: its sockets close now."""
+        if event["token"] == self.token_id:
+            self.closing = True
+            await self.send(protocol.error("unauthorized", "agent token revoked"))
+            await self.close(protocol.CLOSE_UNAUTHORIZED)
 
     def enqueue(self, message: protocol.Samples | protocol.LogTail | protocol.DeploymentStatus | protocol.Metrics) -> None:
         rows, logs, report, sampled_at = [], [], None, 0.0
@@ -108,16 +139,27 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 raise protocol.ProtocolError("unknown_gpu", f"GPU index {sorted(unknown)} not announced in hello")
             rows, sampled_at = ingest.sample_rows(message, self.gpu_ids), message.t
         elif isinstance(message, protocol.LogTail):
-            logs = [ingest.log_row(message, self.node.pk)]
+            logs = [ingest.log_row(message, self.node.pk, self.node.boot_id)]
         else:
             report = message
         self.accepted_seq = message.seq
-        pending = ingest.Pending(self.node.pk, message.seq, rows, logs, self.acknowledge, report, sampled_at)
+        pending = ingest.Pending(self.node.pk, message.seq, rows, logs, self.acknowledge, report, sampled_at,
+                                 on_failed=self.not_stored)
         ingest.ingest_buffer().add(pending)
 
     async def acknowledge(self, seq: int) -> None:
         self.stored_seq = max(self.stored_seq, seq)
         await self.send(protocol.ack(seq))
+
+    async def not_stored(self, item: ingest.Pending) -> None:
+        """An item the flush did not store. Refused: the agent is told why (the next ack skips it). To be sent
+        again: nothing after it may be acked, so the agent reconnects and replays from the stored watermark."""
+        if item.refused:
+            await self.send(protocol.error("store_refused", f"seq {item.seq} was not stored: {item.refused}"))
+        elif not self.closing:
+            self.closing = True
+            await self.send(protocol.error("store_failed", f"seq {item.seq} could not be stored now; send it again"))
+            await self.close(protocol.CLOSE_RETRY)
 
 
 class FleetConsumer(AsyncWebsocketConsumer):
@@ -138,10 +180,10 @@ class FleetConsumer(AsyncWebsocketConsumer):
         await self.send(event["text"])  # encoded once per tick for every browser (live.fleet_update)
 
     async def fleet_node(self, event: dict) -> None:
-        await self.send(json.dumps(event))
+        await self.send(browser_json.dumps(event))
 
     async def fleet_plan(self, event: dict) -> None:
-        await self.send(json.dumps(event))
+        await self.send(browser_json.dumps(event))
 
     async def fleet_alert(self, event: dict) -> None:
-        await self.send(json.dumps(event))
+        await self.send(browser_json.dumps(event))

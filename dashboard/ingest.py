@@ -20,17 +20,37 @@ from typing import Any, NamedTuple
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections, connection, models, transaction
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connection,
+    models,
+    transaction,
+)
 from django.db.models.constants import OnConflict
 from django.utils import timezone
 
-from agents.protocol import DeploymentStatus, Hello, LogTail, Metrics, Samples
+from agents.protocol import DeploymentStatus, Hello, LogTail, Metrics, ProtocolError, Samples
 from agents.protocol import GpuSample as SampleMessage
 from dashboard import deploy
 from dashboard.models import Deployment, Gpu, GpuSample, Link, LogChunk, Node
 
 log = logging.getLogger(__name__)
 AckCallback = Callable[[int], Awaitable[None]]
+FailCallback = Callable[["Pending"], Awaitable[None]]
+# What the database driver raises for a value it cannot hold (SQLite: OverflowError for a too-large int).
+REFUSALS = (ValueError, OverflowError, TypeError)
+TRANSIENT = (OperationalError, InterfaceError)  # the database is unreachable or busy, not the data wrong
+# How far a message time may be from the server's clock: the agent may have buffered a while (or kept its
+# outbox on disk across a restart), and a node without NTP drifts. Beyond it the clock is broken.
+TIME_BEHIND_S = 7 * 86400
+TIME_AHEAD_S = 86400
+# Sequence numbers: an agent uses a few per interval (samples, log chunks, reports), so a jump past the
+# watermark larger than this allows for the time since it moved is refused, not allowed to move it.
+SEQ_SLACK = 10_000
+SEQ_PER_SECOND = 1_000
 
 
 def apply_hello(node: Node, hello: Hello) -> dict[int, int]:
@@ -138,9 +158,32 @@ def _sample_row(s: SampleMessage, gpu_id: int, t: Any, seq: int) -> SampleRow:
                      s.ecc_uncorrected, as_json(s.xids, None), as_json([p.model_dump() for p in s.processes], None))
 
 
-def log_row(message: LogTail, node_id: int) -> LogChunk:
+def log_row(message: LogTail, node_id: int, boot_id: str) -> LogChunk:
     t = datetime.fromtimestamp(message.t, tz=UTC)
-    return LogChunk(node_id=node_id, source=message.source, seq=message.seq, t=t, lines=message.lines)
+    return LogChunk(node_id=node_id, source=message.source, boot_id=boot_id, seq=message.seq, t=t,
+                    lines=message.lines)
+
+
+def check_time(t: float, now: float) -> None:
+    """Refuse a message time this far from the server's clock: a broken clock or a forged frame."""
+    if now - TIME_BEHIND_S <= t <= now + TIME_AHEAD_S:
+        return
+    side = "behind" if t < now else "ahead of"
+    raise ProtocolError("bad_time", f"t={t:.0f} is {_duration(abs(now - t))} {side} the server's clock; the server "
+                        f"takes times from {_duration(TIME_BEHIND_S)} behind to {_duration(TIME_AHEAD_S)} ahead "
+                        "(is the node's clock set? NTP)")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds < 2 * 86400 else f"{seconds / 86400:.0f} days"
+
+
+def check_seq(seq: int, watermark: int, seconds_since: float) -> None:
+    """Refuse a sequence number further past the watermark than the agent can have counted since it was set."""
+    reach = watermark + SEQ_SLACK + SEQ_PER_SECOND * max(0.0, seconds_since)
+    if seq > reach:
+        raise ProtocolError("seq_jump", f"seq {seq} is {seq - watermark} past the last one stored ({watermark}); "
+                            f"an agent cannot have sent that many frames in {seconds_since:.0f} s")
 
 
 @dataclass
@@ -154,6 +197,21 @@ class Pending:
     sampled_at: float = 0.0  # the rows' sample time, seconds since the epoch (for the live pages)
     # Filled in when stored: the deployment's summary for the live pages.
     deployment_summary: dict | None = None
+    # Told when the item was not stored (`refused` or `retry` says why); without one it is only logged.
+    on_failed: FailCallback | None = None
+    refused: str = ""  # the database refused this item's data: it never will be stored
+    retry: bool = False  # not stored for a passing reason (database unreachable): the agent must send it again
+
+    @property
+    def stored(self) -> bool:
+        return not self.refused and not self.retry
+
+    async def settle(self) -> None:
+        """Tell the agent: an ack when stored, else the failure (nothing after a retry is acked)."""
+        if self.stored:
+            await self.on_stored(self.seq)
+        elif self.on_failed is not None:
+            await self.on_failed(self)
 
 
 @dataclass
@@ -187,25 +245,83 @@ class IngestBuffer:
             batch, self.pending, self.rows_pending = self.pending, [], 0
             if not batch:
                 return
-            await sync_to_async(store_batch)(batch)
+            try:
+                await sync_to_async(store_batch)(batch)
+            except Exception:  # a bug, not the data: store nothing, ack nothing, the agents send it all again
+                log.exception("storing %d items failed; their agents will send them again", len(batch))
+                for item in batch:
+                    item.retry = True
+            batch += self._after_retries(batch)
+            stored = [item for item in batch if item.stored]
             for listener in self.listeners:
-                listener(batch)
-            await asyncio.gather(*(item.on_stored(item.seq) for item in batch), return_exceptions=True)
+                listener(stored)
+            await asyncio.gather(*(item.settle() for item in batch), return_exceptions=True)
+
+    def _after_retries(self, batch: list[Pending]) -> list[Pending]:
+        """Take out what an agent sent after an item it must send again: storing it would leave a gap that
+        a later ack would cover. Returned as retries too (the agent reconnects and replays from the gap)."""
+        streams = {item.on_stored for item in batch if item.retry}
+        if not streams:
+            return []
+        later = [item for item in self.pending if item.on_stored in streams]
+        self.pending = [item for item in self.pending if item.on_stored not in streams]
+        self.rows_pending = sum(len(item.rows) + len(item.logs) for item in self.pending)
+        for item in later:
+            item.retry = True
+        return later
 
 
 def store_batch(batch: list[Pending]) -> None:
-    """Write every row of the batch and move each node's replay watermark, in one transaction."""
+    """Write every row of the batch and move each node's replay watermark, in one transaction; if the data
+    breaks that, item by item, so that an item the database refuses costs only that item."""
     close_old_connections()
+    try:
+        with transaction.atomic():
+            _store(batch)
+        return
+    except TRANSIENT as exc:  # every item would wait for it in turn: the agents send them again instead
+        log.warning("storing %d items failed, to be sent again: %s", len(batch), exc)
+        for item in batch:
+            item.retry = True
+        return
+    except Exception as exc:
+        log.warning("storing %d items at once failed (%s: %s); storing them one by one",
+                    len(batch), type(exc).__name__, exc)
+    _store_one_by_one(batch)
+
+
+def _store_one_by_one(batch: list[Pending]) -> None:
+    blocked: set[int] = set()  # nodes with an item to be sent again: nothing after it may be stored
+    for item in batch:
+        item.deployment_summary = None  # computed in the transaction that was rolled back
+        if item.node_id in blocked:
+            item.retry = True
+            continue
+        try:
+            with transaction.atomic():
+                _store([item])
+        except TRANSIENT as exc:
+            log.warning("node %s seq %s not stored, to be sent again: %s", item.node_id, item.seq, exc)
+            item.retry = True
+            blocked.add(item.node_id)
+        except (DatabaseError, *REFUSALS) as exc:
+            item.refused = f"{type(exc).__name__}: {exc}"[:500]
+            log.warning("node %s seq %s refused by the database: %s", item.node_id, item.seq, item.refused)
+        except Exception as exc:  # a bug (its traceback says where); it must not cost the other items
+            item.refused = f"server error: {type(exc).__name__}"
+            log.exception("node %s seq %s not stored", item.node_id, item.seq)
+
+
+def _store(batch: list[Pending]) -> None:
     highest: dict[int, int] = {}
     for item in batch:
         highest[item.node_id] = max(highest.get(item.node_id, 0), item.seq)
-    with transaction.atomic():
-        insert_samples([r for i in batch for r in i.rows])
-        LogChunk.objects.bulk_create([r for i in batch for r in i.logs], batch_size=500)
-        for item in batch:
-            if item.report is not None:
-                item.deployment_summary = apply_report(item.node_id, item.report)
-        _advance_watermarks(highest)
+    insert_samples([r for i in batch for r in i.rows])
+    LogChunk.objects.bulk_create([r for i in batch for r in i.logs], batch_size=500)
+    for item in batch:
+        if item.report is not None:
+            item.deployment_summary = apply_report(item.node_id, item.report)
+    _advance_watermarks(highest)
 
 
 def apply_report(node_id: int, report: DeploymentStatus | Metrics) -> dict | None:

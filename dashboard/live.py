@@ -12,18 +12,23 @@ msgpack of the nested structure in and out of Redis) cost 15-25 ms per browser p
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
+from redis.exceptions import RedisError
+
+from dashboard import browser_json
 
 if TYPE_CHECKING:
     from dashboard.ingest import Pending
 
 FLEET_GROUP = "fleet"
+log = logging.getLogger(__name__)
 
 
 def agent_group(node_id: int) -> str:
@@ -42,7 +47,8 @@ def gpu_point(row: Any) -> list[float]:
 
 def fleet_update(nodes: list[dict[str, Any]], deployments: list[dict[str, Any]]) -> dict[str, str]:
     """A "fleet.update" group message with the browsers' JSON already encoded (once, not per browser)."""
-    text = json.dumps({"type": "fleet.update", "sent": time.time(), "nodes": nodes, "deployments": deployments})
+    text = browser_json.dumps({"type": "fleet.update", "sent": time.time(), "nodes": nodes,
+                               "deployments": deployments})
     return {"type": "fleet.update", "text": text}
 
 
@@ -85,6 +91,15 @@ class FleetFanout:
         nodes, self.latest = list(self.latest.values()), {}
         deployments, self.deployments = list(self.deployments.values()), {}
         await get_channel_layer().group_send(FLEET_GROUP, fleet_update(nodes, deployments))
+
+
+def close_agent_sockets(node_id: int, token_id: int) -> None:
+    """Close the connections of this node's agent that authenticated with this token (it was revoked)."""
+    try:
+        async_to_sync(get_channel_layer().group_send)(agent_group(node_id), {"type": "agent.revoked",
+                                                                            "token": token_id})
+    except (OSError, RedisError) as exc:  # the socket still closes at the agent's next connection
+        log.warning("could not close the sockets of revoked token %s: %s", token_id, exc)
 
 
 async def announce_node(node_id: int, name: str, status: str) -> None:

@@ -4,11 +4,12 @@ from datetime import UTC, datetime
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from dashboard import deploy, fleet, roles, tasks
+from dashboard.browser_json import json_response
 from dashboard.forms import DeployForm
 from dashboard.models import Deployment, Node, PlanRequest
 
@@ -39,8 +40,8 @@ def node_history(request: HttpRequest, name: str) -> HttpResponse:
     try:
         after = datetime.fromtimestamp(float(request.GET.get("after", "0")) / 1000, tz=UTC)
     except (ValueError, OverflowError, OSError):
-        return JsonResponse({"error": "after must be a time in unix milliseconds"}, status=400)
-    return JsonResponse(fleet.gpu_history(node, minutes=15, after=after))
+        return json_response({"error": "after must be a time in unix milliseconds"}, status=400)
+    return json_response(fleet.gpu_history(node, minutes=15, after=after))
 
 
 @login_required

@@ -3,73 +3,22 @@
 import json
 
 import pytest
-import pytest_asyncio
 from channels.db import database_sync_to_async
-from channels.testing.websocket import WebsocketCommunicator
-from django.db import connections
 
-from dashboard.models import AgentToken, GpuSample, LogChunk, Node
-from layercake.asgi import application
+from dashboard.models import AgentToken, LogChunk, Node
+from tests.agent_socket import (  # noqa: F401 (autouse fixtures)
+    T0,
+    close_the_consumers_connection,
+    connect,
+    counts,
+    hello,
+    in_memory_layer,
+    make_node,
+    samples,
+    say,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
-
-IN_MEMORY = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-
-
-@pytest.fixture(autouse=True)
-def in_memory_layer(settings):
-    settings.CHANNEL_LAYERS = IN_MEMORY
-    settings.INGEST_FLUSH_SECONDS = 0.01
-
-
-@pytest_asyncio.fixture(autouse=True)
-async def close_the_consumers_connection():
-    """The consumer's queries run in asgiref's one sync thread; its connection would outlive the test and keep
-    PostgreSQL from dropping the test database at the end of the session."""
-    yield
-    await database_sync_to_async(connections.close_all)()
-
-
-def hello(boot="boot-0001", gpus=2):
-    return {
-        "type": "hello", "v": 1, "agent_version": "test", "hostname": "a30-seed", "boot_id": boot,
-        "interval_s": 1.0, "gpu_source": "sim", "simulated": True,
-        "gpus": [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA A30", "memory_total_mib": 24576}
-                 for i in range(gpus)],
-        "topology": {"gpus": [{"name": "GPU0"}, {"name": "GPU1"}],
-                     "links": [{"a": "GPU0", "b": "GPU1", "link": "SYS"}],
-                     "p2p": {"r": [{"a": "GPU0", "b": "GPU1", "link": "NS"}]}},
-    }
-
-
-def samples(seq, gpus=2):
-    return {"type": "samples", "v": 1, "seq": seq, "t": 1_700_000_000.0 + seq,
-            "gpus": [{"index": i, "util_gpu": 10, "util_mem": 5, "mem_used_mib": 100, "mem_free_mib": 24000,
-                      "temp_c": 35, "power_w": 60} for i in range(gpus)]}
-
-
-@database_sync_to_async
-def make_node() -> str:
-    node = Node.objects.create(name="a30-seed")
-    return AgentToken.issue(node)[1]
-
-
-async def connect(token: str) -> WebsocketCommunicator:
-    headers = [(b"authorization", f"Bearer {token}".encode())]
-    comm = WebsocketCommunicator(application, "/ws/agent/", headers=headers)
-    connected, _ = await comm.connect()
-    assert connected
-    return comm
-
-
-async def say(comm, message) -> dict:
-    await comm.send_to(text_data=json.dumps(message))
-    return json.loads(await comm.receive_from(timeout=5))
-
-
-@database_sync_to_async
-def counts():
-    return GpuSample.objects.count(), LogChunk.objects.count()
 
 
 async def test_it_refuses_a_wrong_token_with_an_error_frame():
@@ -160,7 +109,7 @@ async def test_it_requires_hello_before_samples():
 async def test_it_stores_log_tails():
     comm = await connect(await make_node())
     await say(comm, hello())
-    ack = await say(comm, {"type": "logs", "v": 1, "seq": 1, "t": 1.0, "source": "agent", "lines": ["a", "b"]})
+    ack = await say(comm, {"type": "logs", "v": 1, "seq": 1, "t": T0, "source": "agent", "lines": ["a", "b"]})
     assert ack["seq"] == 1
     chunk = await database_sync_to_async(LogChunk.objects.get)()
     assert chunk.lines == ["a", "b"]

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from channels.db import database_sync_to_async
 from channels.testing.websocket import WebsocketCommunicator
+from django.test import Client
 
 from agents import protocol
 from dashboard import ingest
 from dashboard.consumers import FleetConsumer
 from dashboard.live import FleetFanout, announce_deployment
+from layercake.asgi import application
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]  # consumers close old connections
 
@@ -67,3 +70,47 @@ async def test_it_sends_a_server_side_deployment_change_in_the_same_shape():
         await comm.disconnect()
     assert message["type"] == "fleet.update" and message["nodes"] == []
     assert message["deployments"] == [{"id": "d-1", "state": "launching"}]
+
+
+def strict_json(text: str):
+    """Parse as a browser's JSON.parse does: NaN and Infinity are not JSON."""
+    def refuse(name: str):
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+async def test_it_sends_browsers_strict_json_when_a_value_is_not_finite():
+    batch = stored_batch(7, 1_700_000_000.5)
+    batch[0].rows[0] = batch[0].rows[0]._replace(power_w=float("inf"), mem_free_mib=float("nan"))
+    comm = await browser()
+    try:
+        FleetFanout(period=0.5).record(batch)
+        message = strict_json(await comm.receive_from(timeout=5))
+    finally:
+        await comm.disconnect()
+    assert message["nodes"][0]["gpus"]["41"] == [87.5, 70000.0, None, 71.3, None, 40.0]
+
+
+def session_cookie(user) -> bytes:
+    client = Client()
+    client.force_login(user)
+    return f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+async def browser_from(origin: bytes, cookie: bytes) -> bool:
+    """Whether the feed takes a logged-in browser's socket from this page origin (server on localhost:8000)."""
+    headers = [(b"host", b"localhost:8000"), (b"origin", origin), (b"cookie", cookie)]
+    comm = WebsocketCommunicator(application, "/ws/fleet/", headers=headers)
+    connected, _ = await comm.connect()
+    await comm.disconnect()
+    return connected
+
+
+async def test_it_takes_browser_sockets_only_from_its_own_origin_port_included(alice):
+    cookie = await database_sync_to_async(session_cookie)(alice)
+    assert await browser_from(b"http://localhost:8000", cookie)
+    assert not await browser_from(b"http://localhost:9999", cookie)
+    assert not await browser_from(b"http://localhost", cookie)
+    assert not await browser_from(b"http://evil.example:8000", cookie)
+    assert not await browser_from(b"null", cookie)

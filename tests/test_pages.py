@@ -1,5 +1,6 @@
 """The fleet and node pages as an operator sees them (server-rendered part)."""
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -78,3 +79,18 @@ def test_it_sends_a_reconnecting_page_only_the_points_it_missed(client, alice, s
 def test_it_answers_404_for_an_unknown_node(client, alice):
     client.force_login(alice)
     assert client.get("/nodes/nope/").status_code == 404
+
+
+def test_it_writes_strict_json_for_the_charts_when_a_stored_value_is_not_finite(client, alice, seed_node):
+    """A sample stored before the protocol refused Infinity must not break the node page's JSON."""
+    GpuSample.objects.update(power_w=float("inf"), temp_c=float("-inf"))
+    client.force_login(alice)
+
+    def refuse(name: str):
+        raise ValueError(f"{name} is not JSON")
+
+    history = json.loads(client.get("/nodes/a30-seed/history.json").content, parse_constant=refuse)
+    assert [points[0][3:] for points in history.values()] == [[None, None]] * 4
+    page = client.get("/nodes/a30-seed/").content.decode()
+    embedded = page.split('<script id="history" type="application/json">')[1].split("</script>")[0]
+    assert json.loads(embedded, parse_constant=refuse) == history

@@ -31,6 +31,11 @@ def test_it_accepts_a_valid_samples_frame():
         (samples(extra="x"), "invalid", "extra"),
         (samples(gpus=[{"index": 0, "util_gpu": 150}]), "invalid", "util_gpu"),
         ("x" * (protocol.MAX_FRAME_BYTES + 1), "too_large", "exceeds"),
+        ("€" * (protocol.MAX_FRAME_BYTES // 3 + 1), "too_large", f"{(protocol.MAX_FRAME_BYTES // 3 + 1) * 3} bytes"),
+        ("[" * 100_000 + "]" * 100_000, "bad_json", "nested too deeply"),
+        ('{"type": ' + "[" * 900 + "]" * 900 + ', "v": 1}', "unknown_type", "a JSON array"),
+        (samples(seq=2**63), "invalid", "seq"),
+        (samples(t=float("inf")), "invalid", "t: Input should be a finite number"),
     ],
 )
 def test_it_rejects_bad_frames_with_a_clear_error(frame, code, words):
@@ -45,3 +50,8 @@ def test_it_rejects_oversized_log_tails():
              "lines": ["x"] * (protocol.MAX_LOG_LINES + 1)}
     with pytest.raises(protocol.ProtocolError, match="lines"):
         protocol.parse_agent_message(json.dumps(frame))
+
+
+def test_it_refuses_deeply_nested_commands_on_the_agent_side_too():
+    with pytest.raises(protocol.ProtocolError, match="nested too deeply"):
+        protocol.parse_server_command("[" * 100_000)

@@ -8,7 +8,9 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.validators import RegexValidator
-from django.db import models
+from django.db import models, transaction
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
 from django.urls import reverse
 from django.utils import timezone
 
@@ -101,17 +103,42 @@ class AgentToken(models.Model):
     @classmethod
     def authenticate(cls, plaintext: str) -> Node | None:
         """The node a valid, unrevoked token belongs to, or None."""
+        row = cls.authenticate_token(plaintext)
+        return None if row is None else row.node
+
+    @classmethod
+    def authenticate_token(cls, plaintext: str) -> AgentToken | None:
+        """The valid, unrevoked token row (with its node), or None."""
         if not plaintext or len(plaintext) > 200:
             return None
         row = cls.objects.select_related("node").filter(digest=_digest(plaintext), revoked=None).first()
         if row is None:
             return None
         cls.objects.filter(pk=row.pk).update(last_used=timezone.now())
-        return row.node
+        return row
 
     def revoke(self) -> None:
         self.revoked = timezone.now()
         self.save(update_fields=["revoked"])
+
+
+@receiver(post_save, sender=AgentToken)
+def close_sockets_of_revoked_token(sender: type[AgentToken], instance: AgentToken, **kwargs: object) -> None:
+    """A revoked token stops working at once, not at the agent's next connection."""
+    if instance.revoked is not None:
+        _close_sockets_after_commit(instance)
+
+
+@receiver(post_delete, sender=AgentToken)
+def close_sockets_of_deleted_token(sender: type[AgentToken], instance: AgentToken, **kwargs: object) -> None:
+    _close_sockets_after_commit(instance)
+
+
+def _close_sockets_after_commit(token: AgentToken) -> None:
+    from dashboard.live import close_agent_sockets
+
+    node_id, token_id = token.node_id, token.pk
+    transaction.on_commit(lambda: close_agent_sockets(node_id, token_id))
 
 
 class Gpu(models.Model):
@@ -187,6 +214,8 @@ class LogChunk(models.Model):
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="log_chunks")
     source = models.CharField(max_length=200)
+    # The agent process that sent it: its sequence numbers start again at 1 when it restarts.
+    boot_id = models.CharField(max_length=64, blank=True)
     seq = models.BigIntegerField()
     t = models.DateTimeField()
     lines = models.JSONField()
@@ -194,7 +223,7 @@ class LogChunk(models.Model):
     class Meta:
         ordering = ["node", "t"]
         indexes = [models.Index(fields=["node", "source", "t"], name="log_node_source_time")]
-        constraints = [models.UniqueConstraint(fields=["node", "seq"], name="log_unique_seq")]
+        constraints = [models.UniqueConstraint(fields=["node", "boot_id", "seq"], name="log_unique_boot_seq")]
 
     def __str__(self) -> str:
         return f"{self.node.name} {self.source} ({len(self.lines)} lines)"
