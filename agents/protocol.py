@@ -84,9 +84,22 @@ class Topology(Strict):
     p2p: dict[str, list[TopoLink]] = {}
 
 
-class Hello(Strict):
-    type: Literal["hello"]
+class Envelope(Strict):
+    """What every frame carries first: `type` (narrowed to one Literal by each message) and the version."""
+
+    type: str
     v: Literal[1]
+
+
+class Sequenced(Envelope):
+    """An agent frame the server acknowledges: `seq` orders it (replays after a reconnect), `t` is when it was made."""
+
+    seq: Seq
+    t: Timestamp
+
+
+class Hello(Envelope):
+    type: Literal["hello"]
     agent_version: Name
     hostname: Name
     boot_id: Annotated[str, Field(min_length=8, max_length=64)]
@@ -105,7 +118,9 @@ class GpuProcess(Strict):
     used_mib: Mib = 0
 
 
-class GpuSample(Strict):
+class GpuReading(Strict):
+    """One GPU's readings at one instant, inside a `samples` frame."""
+
     index: Annotated[int, Field(ge=0, lt=256)]
     util_gpu: Percent
     util_mem: Percent
@@ -123,19 +138,13 @@ class GpuSample(Strict):
     processes: Annotated[list[GpuProcess], Field(max_length=256)] = []
 
 
-class Samples(Strict):
+class Samples(Sequenced):
     type: Literal["samples"]
-    v: Literal[1]
-    seq: Seq
-    t: Timestamp
-    gpus: Annotated[list[GpuSample], Field(min_length=1, max_length=64)]
+    gpus: Annotated[list[GpuReading], Field(min_length=1, max_length=64)]
 
 
-class LogTail(Strict):
+class LogTail(Sequenced):
     type: Literal["logs"]
-    v: Literal[1]
-    seq: Seq
-    t: Timestamp
     source: Name
     lines: Annotated[
         list[Annotated[str, Field(max_length=MAX_LOG_LINE_CHARS)]], Field(min_length=1, max_length=MAX_LOG_LINES)
@@ -143,18 +152,17 @@ class LogTail(Strict):
 
 
 DeploymentId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
-DeploymentState = Literal["launching", "loading", "ready", "serving", "stopped", "failed"]
+# The states an agent can report for a server it supervises. The dashboard's DeploymentState
+# (dashboard.choices) holds all of these plus two only the server decides: planned and stopping.
+ReportedState = Literal["launching", "loading", "ready", "serving", "stopped", "failed"]
 
 
-class DeploymentStatus(Strict):
+class DeploymentStatus(Sequenced):
     """The agent's word on one supervised inference server: a state change or loading progress."""
 
     type: Literal["deployment"]
-    v: Literal[1]
-    seq: Seq
-    t: Timestamp
     deployment: DeploymentId
-    state: DeploymentState
+    state: ReportedState
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
     pid: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
     exit_code: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] | None = None
@@ -182,11 +190,8 @@ class ServerCounters(Strict):
     unload_overdue_s: NonNegative | None = None
 
 
-class Metrics(Strict):
+class Metrics(Sequenced):
     type: Literal["metrics"]
-    v: Literal[1]
-    seq: Seq
-    t: Timestamp
     deployment: DeploymentId
     counters: ServerCounters
 
@@ -197,9 +202,6 @@ AGENT_TYPES = ("hello", "samples", "logs", "deployment", "metrics")
 
 class _AgentFrame(BaseModel):
     message: AgentMessage
-
-
-SEQUENCED = (Samples, LogTail, DeploymentStatus, Metrics)
 
 
 # ---- server -> agent ---------------------------------------------------------------------------------
@@ -253,9 +255,8 @@ class LaunchOptions(Strict):
         return self.node_rank == 0
 
 
-class Launch(Strict):
+class Launch(Envelope):
     type: Literal["launch"]
-    v: Literal[1]
     deployment: DeploymentId
     backend: Backend
     model: SafeText
@@ -264,15 +265,13 @@ class Launch(Strict):
     env: dict[EnvName, SafeText] = {}
 
 
-class Stop(Strict):
+class Stop(Envelope):
     type: Literal["stop"]
-    v: Literal[1]
     deployment: DeploymentId
 
 
-class Restart(Strict):
+class Restart(Envelope):
     type: Literal["restart"]
-    v: Literal[1]
     deployment: DeploymentId
 
 

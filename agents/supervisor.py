@@ -231,9 +231,9 @@ def http_call(url: str, timeout: float, body: dict | None = None) -> tuple[int, 
         return None
 
 
-# ---- one deployment --------------------------------------------------------------------------------------
+# ---- one running inference server (a deployment, or this node's rank of one) ----------------------------
 @dataclass
-class Deployment:
+class RunningServer:
     id: str
     launch: Launch  # as the server sent it (for restart and to spot a different launch under the same id)
     admitted: Launch  # after the agent's checks: model resolved to the real path
@@ -309,7 +309,7 @@ class Supervisor:
         self.model_dirs = [Path(d) for d in self.model_dirs]
         self.run_dir = Path(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.deployments: dict[str, Deployment] = {}
+        self.deployments: dict[str, RunningServer] = {}
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._polling = asyncio.Lock()
 
@@ -365,11 +365,11 @@ class Supervisor:
             raise LaunchRefused(f"backend {backend!r} is not supported by this agent")
         return adapter
 
-    def _known(self, deployment: str) -> Deployment | None:
+    def _known(self, deployment: str) -> RunningServer | None:
         return self.deployments.get(deployment) or self._adopt_file(self._state_path(deployment))
 
     # ---- starting and ending processes ----
-    def _spawn(self, launch: Launch, admitted: Launch, adapter: Adapter) -> Deployment | None:
+    def _spawn(self, launch: Launch, admitted: Launch, adapter: Adapter) -> RunningServer | None:
         port = self._free_port()
         admitted = self._with_rendezvous_port(admitted, port)
         argv = adapter.argv(admitted, port, self.host)
@@ -386,13 +386,13 @@ class Supervisor:
                 self.emit_status(launch.deployment, "failed", detail=f"could not start {argv[0]}: {exc}")
                 return None
         child = Child(popen.pid, start_ticks(popen.pid), popen)
-        current = Deployment(launch.deployment, launch, admitted, adapter, port, argv_hash(argv), child, logfile)
+        current = RunningServer(launch.deployment, launch, admitted, adapter, port, argv_hash(argv), child, logfile)
         self.deployments[launch.deployment] = current
         log.info("deployment %s: started pid %d on port %d: %s", current.id, child.pid, port, shlex.join(argv))
         self._set_state(current, "launching")
         return current
 
-    async def _terminate(self, current: Deployment) -> None:
+    async def _terminate(self, current: RunningServer) -> None:
         """SIGTERM to the server's process group, SIGKILL after the grace period (and for any stragglers)."""
         current.stopping = True
         loop = asyncio.get_running_loop()
@@ -405,7 +405,7 @@ class Supervisor:
         while not current.child.exited() and loop.time() < deadline:
             await asyncio.sleep(0.05)
 
-    def _finish(self, current: Deployment, detail: str = "") -> None:
+    def _finish(self, current: RunningServer, detail: str = "") -> None:
         """Report the end of a server exactly once: stopped if asked to, failed otherwise."""
         if current.finished:
             return
@@ -456,7 +456,7 @@ class Supervisor:
             if isinstance(result, Exception):
                 log.error("deployment %s: poll failed: %r", current.id, result)
 
-    async def _poll_one(self, current: Deployment) -> None:
+    async def _poll_one(self, current: RunningServer) -> None:
         self._follow_log(current)
         if current.child.exited():
             self._finish(current)
@@ -471,13 +471,13 @@ class Supervisor:
             await self._scrape(current)
         current.log.rotate_if_needed()
 
-    def _follow_log(self, current: Deployment) -> None:
+    def _follow_log(self, current: RunningServer) -> None:
         lines, unfinished = current.log.read_new(self.max_log_lines)
         if lines:
             self.emit_logs(current.id, lines)
         self._track_progress(current, lines + [unfinished] if unfinished else lines)
 
-    def _track_progress(self, current: Deployment, lines: list[str]) -> None:
+    def _track_progress(self, current: RunningServer, lines: list[str]) -> None:
         if current.state not in ("launching", "loading"):
             return
         seen = [p for p in map(current.adapter.loading_progress, lines) if p is not None]
@@ -487,7 +487,7 @@ class Supervisor:
         if current.state == "launching" or progress != current.progress:
             self._set_state(current, "loading", progress=progress)
 
-    async def _probe_health(self, current: Deployment) -> None:
+    async def _probe_health(self, current: RunningServer) -> None:
         url = current.adapter.health_url(current.port, self.host)
         answer = await asyncio.to_thread(http_call, url, self.probe_timeout_s)
         if answer is None or current.finished:
@@ -505,7 +505,7 @@ class Supervisor:
         if current.state == "launching":
             self._set_state(current, "loading")
 
-    async def _check_load(self, current: Deployment) -> None:
+    async def _check_load(self, current: RunningServer) -> None:
         if not current.load_task.done():
             return
         answer = current.load_task.result()
@@ -518,7 +518,7 @@ class Supervisor:
         await self._terminate(current)
         self._finish(current)
 
-    async def _scrape(self, current: Deployment) -> None:
+    async def _scrape(self, current: RunningServer) -> None:
         url = current.adapter.metrics_url(current.port, self.host)
         if url is None:
             return
@@ -537,7 +537,7 @@ class Supervisor:
             self._set_state(current, "serving")
 
     # ---- state ----
-    def _set_state(self, current: Deployment, state: str, **fields) -> None:
+    def _set_state(self, current: RunningServer, state: str, **fields) -> None:
         if current.finished:
             return
         current.state = state
@@ -546,7 +546,7 @@ class Supervisor:
         self._save(current)
         self._report(current)
 
-    def _report(self, current: Deployment, **fields) -> None:
+    def _report(self, current: RunningServer, **fields) -> None:
         fields.setdefault("progress", current.progress)
         if current.dist_port is not None:
             fields["dist_port"] = current.dist_port
@@ -555,7 +555,7 @@ class Supervisor:
     def _state_path(self, deployment: str) -> Path:
         return self.run_dir / f"{deployment}.json"
 
-    def _save(self, current: Deployment) -> None:
+    def _save(self, current: RunningServer) -> None:
         path = self._state_path(current.id)
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(current.saved()))
@@ -570,7 +570,7 @@ class Supervisor:
                 adopted.append(path.stem)
         return adopted
 
-    def _adopt_file(self, path: Path) -> Deployment | None:
+    def _adopt_file(self, path: Path) -> RunningServer | None:
         current = self._load(path)
         if current is None:
             return None
@@ -583,7 +583,7 @@ class Supervisor:
         self._report(current, detail="re-attached after an agent restart")
         return current
 
-    def _load(self, path: Path) -> Deployment | None:
+    def _load(self, path: Path) -> RunningServer | None:
         if not path.exists():
             return None
         try:
@@ -602,7 +602,7 @@ class Supervisor:
             return None
         logfile = LogFile(self.run_dir / f"{launch.deployment}.log", self.log_max_bytes, self.log_backups)
         logfile.offset = logfile.size()  # lines printed while the agent was down stay in the file
-        return Deployment(launch.deployment, launch, admitted, adapter, port, saved.get("argv_hash", ""), child,
+        return RunningServer(launch.deployment, launch, admitted, adapter, port, saved.get("argv_hash", ""), child,
                           logfile, state=state, progress=saved.get("progress"))
 
     async def close(self) -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
+from agents.protocol import ReportedState
+
 
 class ChoiceSet:
     CHOICES: list[tuple[str, str, str]] = []
@@ -66,6 +70,8 @@ class PlanStatus(ChoiceSet):
 
 
 class DeploymentState(ChoiceSet):
+    """Every state the dashboard records: what an agent reports (agents.protocol.ReportedState) plus SERVER_ONLY."""
+
     PLANNED = "planned"
     LAUNCHING = "launching"
     LOADING = "loading"
@@ -86,6 +92,9 @@ class DeploymentState(ChoiceSet):
     ]
     # The agent should be running a process for these; a reconnecting agent is told to again.
     ACTIVE = (LAUNCHING, LOADING, READY, SERVING)
+    # The server's own steps, which no agent reports: planned before any launch, stopping until the agent says stopped.
+    SERVER_ONLY = (PLANNED, STOPPING)
+    REPORTED: tuple[str, ...] = get_args(ReportedState)
 
 
 class AlertStatus(ChoiceSet):

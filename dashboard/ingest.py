@@ -32,8 +32,7 @@ from django.db import (
 from django.db.models.constants import OnConflict
 from django.utils import timezone
 
-from agents.protocol import DeploymentStatus, Hello, LogTail, Metrics, ProtocolError, Samples
-from agents.protocol import GpuSample as SampleMessage
+from agents.protocol import DeploymentStatus, GpuReading, Hello, LogTail, Metrics, ProtocolError, Samples
 from dashboard import deploy
 from dashboard.models import Deployment, Gpu, GpuSample, Link, LogChunk, Node
 
@@ -151,7 +150,7 @@ def sample_rows(message: Samples, gpu_ids: dict[int, int]) -> list[SampleRow]:
     return [_sample_row(s, gpu_ids[s.index], t, message.seq) for s in message.gpus]
 
 
-def _sample_row(s: SampleMessage, gpu_id: int, t: Any, seq: int) -> SampleRow:
+def _sample_row(s: GpuReading, gpu_id: int, t: Any, seq: int) -> SampleRow:
     as_json = connection.ops.adapt_json_value
     return SampleRow(gpu_id, t, seq, s.util_gpu, s.util_mem, s.mem_used_mib, s.mem_free_mib, s.temp_c, s.power_w,
                      s.power_limit_w, s.sm_clock_mhz, s.mem_clock_mhz, s.throttle_reasons, s.ecc_corrected,

@@ -229,3 +229,9 @@ def test_it_does_not_launch_a_deployment_the_operator_stopped_before_the_task_ra
     Deployment.objects.filter(pk=deployment.pk).update(desired="stopped")
     assert tasks.launch_deployment(deployment.pk) == DeploymentState.PLANNED
     assert not deployment.events.exists()
+
+
+def test_it_records_every_state_an_agent_can_report_and_two_only_the_server_decides():
+    recorded = {value for value, _ in DeploymentState.choices()}
+    assert set(DeploymentState.REPORTED) <= recorded
+    assert recorded - set(DeploymentState.REPORTED) == set(DeploymentState.SERVER_ONLY) == {"planned", "stopping"}

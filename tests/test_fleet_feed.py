@@ -36,7 +36,7 @@ async def browser() -> WebsocketCommunicator:
 
 
 def stored_batch(node_id: int, t: float) -> list[ingest.Pending]:
-    gpu = protocol.GpuSample(index=0, util_gpu=87.46, util_mem=40, mem_used_mib=70000.04, mem_free_mib=11000,
+    gpu = protocol.GpuReading(index=0, util_gpu=87.46, util_mem=40, mem_used_mib=70000.04, mem_free_mib=11000,
                              temp_c=71.26, power_w=512.5)
     message = protocol.Samples(type="samples", v=1, seq=3, t=t, gpus=[gpu])
 

@@ -18,7 +18,7 @@ def samples_message(seq: int, t: float) -> protocol.Samples:
            "temp_c": 71.25, "power_w": 512.5, "power_limit_w": 700, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619,
            "throttle_reasons": 4, "ecc_corrected": 2, "ecc_uncorrected": 0, "xids": [79],
            "processes": [{"pid": 4242, "name": "vllm", "used_mib": 69000}]}
-    return protocol.Samples(type="samples", v=1, seq=seq, t=t, gpus=[protocol.GpuSample(**gpu)])
+    return protocol.Samples(type="samples", v=1, seq=seq, t=t, gpus=[protocol.GpuReading(**gpu)])
 
 
 def stored(rows: list[ingest.SampleRow], node: Node, seq: int) -> None:

@@ -11,7 +11,7 @@ import pytest
 from agents.gpus import nvml as nvml_source
 from agents.gpus.base import GpuSourceError
 from agents.gpus.nvml import NvmlSource, mask_to_ranges, path_label
-from agents.protocol import GpuSample
+from agents.protocol import GpuReading
 from tests import fake_pynvml
 from tests.fake_pynvml import FakeGpu, FakeNvml
 
@@ -67,7 +67,7 @@ def test_it_samples_every_reading_in_protocol_units(install):
     )
     install(FakeNvml(gpus=[gpu]))
     (sample,) = NvmlSource().sample()
-    assert isinstance(sample, GpuSample)
+    assert isinstance(sample, GpuReading)
     assert (sample.util_gpu, sample.util_mem) == (87, 41)
     assert (sample.mem_used_mib, sample.mem_free_mib) == (20480, 61440)
     assert sample.temp_c == 66

@@ -55,3 +55,17 @@ def test_it_rejects_oversized_log_tails():
 def test_it_refuses_deeply_nested_commands_on_the_agent_side_too():
     with pytest.raises(protocol.ProtocolError, match="nested too deeply"):
         protocol.parse_server_command("[" * 100_000)
+
+
+def test_it_keeps_the_envelope_first_and_unchanged_on_the_wire():
+    reading = protocol.GpuReading(index=0, util_gpu=1, util_mem=2, mem_used_mib=3, mem_free_mib=4, temp_c=5, power_w=6)
+    samples = protocol.Samples(type="samples", v=1, seq=7, t=8.0, gpus=[reading])
+    assert protocol.dump(samples).startswith('{"type":"samples","v":1,"seq":7,"t":8.0,"gpus":[{"index":0,')
+    assert protocol.dump(protocol.Stop(type="stop", v=1, deployment="d-1")) == '{"type":"stop","v":1,"deployment":"d-1"}'
+
+
+def test_it_gives_every_message_one_envelope_and_every_acknowledged_one_a_sequence():
+    agent_messages = (protocol.Hello, protocol.Samples, protocol.LogTail, protocol.DeploymentStatus, protocol.Metrics)
+    assert all(issubclass(m, protocol.Envelope) for m in (*agent_messages, protocol.Launch, protocol.Stop))
+    assert [m.model_fields["type"].annotation.__args__[0] for m in agent_messages] == list(protocol.AGENT_TYPES)
+    assert [m for m in agent_messages if not issubclass(m, protocol.Sequenced)] == [protocol.Hello]

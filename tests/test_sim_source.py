@@ -21,7 +21,7 @@ def gpu_pairs(topology, labels=None) -> dict[tuple[str, str], str]:
     return {(x.a, x.b): x.link for x in links if x.a.startswith("GPU") and x.b.startswith("GPU")}
 
 
-def run(source: SimSource, steps: int) -> list[list[protocol.GpuSample]]:
+def run(source: SimSource, steps: int) -> list[list[protocol.GpuReading]]:
     return [source.sample() for _ in range(steps)]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from agents.protocol import GpuInfo, GpuSample, Topology
+from agents.protocol import GpuInfo, GpuReading, Topology
 
 
 class GpuSourceError(RuntimeError):
@@ -30,7 +30,7 @@ class GpuSource(ABC):
     def topology(self) -> Topology: ...
 
     @abstractmethod
-    def sample(self) -> list[GpuSample]:
+    def sample(self) -> list[GpuReading]:
         """One sample per GPU, including XID events seen since the previous call."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, most sources hold nothing

@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import Any
 
 from agents.gpus.base import GpuSource, GpuSourceError
-from agents.protocol import GpuInfo, GpuProcess, GpuSample, TopoDevice, TopoLink, Topology
+from agents.protocol import GpuInfo, GpuProcess, GpuReading, TopoDevice, TopoLink, Topology
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class NvmlSource(GpuSource):
     def inventory(self) -> list[GpuInfo]:
         return [self._gpu_info(i, h) for i, h in enumerate(self._handles)]
 
-    def sample(self) -> list[GpuSample]:
+    def sample(self) -> list[GpuReading]:
         return [self._sample_gpu(i, h) for i, h in enumerate(self._handles)]
 
     def topology(self) -> Topology:
@@ -166,13 +166,13 @@ class NvmlSource(GpuSource):
 
     # --- samples ---------------------------------------------------------------------------------
 
-    def _sample_gpu(self, index: int, handle: Any) -> GpuSample:
+    def _sample_gpu(self, index: int, handle: Any) -> GpuReading:
         nvml = self._nvml
         util = self._required(index, "utilization", nvml.nvmlDeviceGetUtilizationRates, handle)
         memory = self._memory(index, handle)
         temp = self._required(index, "temperature", nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)
         power_mw = self._required(index, "power draw", nvml.nvmlDeviceGetPowerUsage, handle)
-        return GpuSample(
+        return GpuReading(
             index=index,
             util_gpu=util.gpu if util else 0,
             util_mem=util.memory if util else 0,

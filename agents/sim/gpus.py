@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agents.gpus.base import GpuSource, GpuSourceError, LoadAware
-from agents.protocol import GpuInfo, GpuProcess, GpuSample, TopoDevice, TopoLink, Topology, TopoNic
+from agents.protocol import GpuInfo, GpuProcess, GpuReading, TopoDevice, TopoLink, Topology, TopoNic
 from agents.topo import TopologyParseError, parse_topology
 
 TOPOLOGY_DIR = Path(__file__).with_name("topologies")
@@ -221,7 +221,7 @@ class SimSource(GpuSource, LoadAware):
     def topology(self) -> Topology:
         return self._topology
 
-    def sample(self) -> list[GpuSample]:
+    def sample(self) -> list[GpuReading]:
         return [gpu.sample() for gpu in self._gpus]
 
     def set_load(self, index: int, util: float | None = None, mem_used_mib: float | None = None) -> None:
@@ -282,11 +282,11 @@ class SimulatedGpu:
     def unpin(self) -> None:
         self.pinned_util = self.pinned_mem = None
 
-    def sample(self) -> GpuSample:
+    def sample(self) -> GpuReading:
         util, mem_used = self._step_util(), self._step_memory()
         temp, power = self._step_temp(util), self._power(util)
         model = self.model
-        return GpuSample(
+        return GpuReading(
             index=self.index,
             util_gpu=round(util),
             util_mem=round(_clamp(util * self.mem_ratio + self.rng.gauss(0, 1.5), 0, 100)),
