@@ -11,7 +11,7 @@ import pytest
 
 from agents import protocol
 from agents.backends import ADAPTERS, LaunchRefused, admit
-from agents.backends.base import gpu_env
+from agents.backends.base import RankedServerAdapter, gpu_env
 from tests.fixtures import fixture_files
 
 EXECUTABLES = ("vllm", "llama-server", "ollama", "python3")
@@ -61,6 +61,15 @@ def argv_for(models: Path, port: int = 8123, **over) -> list[str]:
 def test_it_has_one_adapter_per_protocol_backend():
     assert set(ADAPTERS) == set(typing.get_args(protocol.Backend))
     assert all(name == adapter.name for name, adapter in ADAPTERS.items())
+
+
+def test_it_maps_only_real_launch_options_to_flags_in_the_ranked_server_tables():
+    ranked = [adapter for adapter in ADAPTERS.values() if isinstance(adapter, RankedServerAdapter)]
+    assert {adapter.name for adapter in ranked} == {"vllm", "sglang"}
+    fields = protocol.LaunchOptions.model_fields
+    for adapter in ranked:
+        assert set(adapter.valued_flags) | set(adapter.switch_flags) <= set(fields), adapter.name
+        assert all(fields[name].annotation is bool for name in adapter.switch_flags), adapter.name
 
 
 # ---- argv per backend ----------------------------------------------------------------------------------

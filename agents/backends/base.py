@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from agents import metrics
-from agents.protocol import Launch, ServerCounters
+from agents.protocol import Launch, LaunchOptions, ServerCounters
 
 LOOPBACK = "127.0.0.1"
 # A model name for backends that take names (Ollama tags, the simulated backend): path-like segments
@@ -98,6 +98,40 @@ class Adapter(ABC):
     def load_request(self, launch: Launch, port: int, host: str = LOOPBACK) -> tuple[str, dict] | None:
         """A request that loads the model once the server answers (URL, JSON body), for servers that start empty."""
         return None
+
+
+class RankedServerAdapter(Adapter):
+    """A server that runs one GPU per tensor/pipeline rank and spans nodes (vLLM, SGLang): argv from tables.
+
+    A subclass names its command, its flags for the launch options, and how a non-head rank finds the head.
+    """
+
+    needs_gpu_per_rank = True
+    multi_node = True
+    command: ClassVar[tuple[str, ...]]  # between the executable and the model path
+    parallel_flags: ClassVar[tuple[str, str]]  # the tensor- and pipeline-parallel size flags
+    always: ClassVar[tuple[str, ...]] = ()  # flags every launch gets
+    valued_flags: ClassVar[dict[str, str]]  # LaunchOptions field -> `--flag value`, when the option is set
+    switch_flags: ClassVar[dict[str, str]]  # boolean LaunchOptions field -> `--flag`, when it is true
+
+    def argv(self, launch: Launch, port: int, host: str = LOOPBACK) -> list[str]:
+        o = launch.options
+        tp_flag, pp_flag = self.parallel_flags
+        argv = [self.executable(), *self.command, launch.model, "--host", host, "--port", str(port),
+                tp_flag, str(o.tp), pp_flag, str(o.pp), *self.always]
+        argv += valued_options({flag: getattr(o, field) for field, flag in self.valued_flags.items()})
+        argv += flag_options({flag: getattr(o, field) for field, flag in self.switch_flags.items()})
+        return argv + self.node_flags(launch)
+
+    def node_flags(self, launch: Launch) -> list[str]:
+        o = launch.options
+        if o.nnodes == 1:
+            return []
+        return ["--nnodes", str(o.nnodes), "--node-rank", str(o.node_rank), *self.rendezvous_flags(o)]
+
+    @abstractmethod
+    def rendezvous_flags(self, options: LaunchOptions) -> list[str]:
+        """How the ranks of a multi-node launch find the head (nnodes > 1 only)."""
 
 
 def require_module(backend: str, module: str) -> None:

@@ -2,38 +2,26 @@
 
 from __future__ import annotations
 
-from agents.backends.base import LOOPBACK, Adapter, flag_options, valued_options
+from agents.backends.base import RankedServerAdapter
 from agents.backends.progress import sglang_progress
-from agents.protocol import Launch
+from agents.protocol import LaunchOptions
 
 
-class SglangAdapter(Adapter):
+class SglangAdapter(RankedServerAdapter):
     name = "sglang"
     executable_name = "python3"
-    needs_gpu_per_rank = True
-    multi_node = True
+    command = ("-m", "sglang.launch_server", "--model-path")
+    parallel_flags = ("--tp-size", "--pp-size")
+    always = ("--enable-metrics",)
+    valued_flags = {
+        "max_model_len": "--context-length", "gpu_memory_utilization": "--mem-fraction-static",
+        "kv_cache_dtype": "--kv-cache-dtype", "dtype": "--dtype", "served_model_name": "--served-model-name",
+    }
+    # SGLang's counterpart of vLLM's --enforce-eager is turning CUDA graphs off.
+    switch_flags = {"disable_custom_all_reduce": "--disable-custom-all-reduce", "enforce_eager": "--disable-cuda-graph"}
 
-    def argv(self, launch: Launch, port: int, host: str = LOOPBACK) -> list[str]:
-        o = launch.options
-        argv = [self.executable(), "-m", "sglang.launch_server", "--model-path", launch.model,
-                "--host", host, "--port", str(port), "--tp-size", str(o.tp), "--pp-size", str(o.pp),
-                "--enable-metrics"]
-        argv += valued_options({
-            "--context-length": o.max_model_len, "--mem-fraction-static": o.gpu_memory_utilization,
-            "--kv-cache-dtype": o.kv_cache_dtype, "--dtype": o.dtype, "--served-model-name": o.served_model_name,
-        })
-        # SGLang's counterpart of vLLM's --enforce-eager is turning CUDA graphs off.
-        argv += flag_options({"--disable-custom-all-reduce": o.disable_custom_all_reduce,
-                        "--disable-cuda-graph": o.enforce_eager})
-        return argv + self.node_flags(launch)
-
-    @staticmethod
-    def node_flags(launch: Launch) -> list[str]:
-        o = launch.options
-        if o.nnodes == 1:
-            return []
-        return ["--nnodes", str(o.nnodes), "--node-rank", str(o.node_rank),
-                "--dist-init-addr", f"{o.master_addr}:{o.master_port}"]
+    def rendezvous_flags(self, options: LaunchOptions) -> list[str]:
+        return ["--dist-init-addr", f"{options.master_addr}:{options.master_port}"]
 
     def loading_progress(self, line: str) -> float | None:
         return sglang_progress(line)
