@@ -20,6 +20,7 @@ from dashboard.fleet import latest_samples
 from dashboard.models import Deployment, DeploymentEvent, DeploymentMember, Node, PlanRequest
 from dashboard.models.deployments import member_failure_text
 from placement import PlacementError, Request, load_cluster, plan
+from placement.plan_model import Plan, PlanSettings
 from placement.spec import load_model_within, spec_from_hf_config
 
 PLAN_LIMIT, REJECTED_LIMIT = 8, 40
@@ -137,17 +138,17 @@ MULTI_NODE_BACKENDS = ("vllm", "sglang", "simulated")
 FORWARDED_ENV = set(protocol.EnvName.__args__)
 
 
-def launch_for(deployment_id: str, plan: dict[str, Any], node: Node, model_ref: str) -> protocol.Launch:
+def launch_for(deployment_id: str, plan: Plan, node: Node, model_ref: str) -> protocol.Launch:
     """The agent command for a chosen plan (on a multi-node plan: the head's, `node`).
     Raises DeployError for what cannot be sent."""
-    multi = "nodes" in plan
-    backend = runtime_backend(plan["backend"], node, model_ref, multi)
+    multi = plan.multi_node
+    backend = runtime_backend(plan.backend, node, model_ref, multi)
     if multi and backend not in MULTI_NODE_BACKENDS:
-        raise DeployError(f"{plan['backend']} across nodes (llama.cpp RPC) cannot be launched by layercake: start "
+        raise DeployError(f"{plan.backend} across nodes (llama.cpp RPC) cannot be launched by layercake: start "
                           f"rpc-server on the other nodes and run the plan's commands by hand")
-    env = {k: str(v) for k, v in (plan.get("env") or {}).items() if k in FORWARDED_ENV}
+    env = {k: str(v) for k, v in (plan.env or {}).items() if k in FORWARDED_ENV}
     model = model_ref if backend != "simulated" else _served_name(model_ref)
-    gpus = plan["gpus"][node.name] if multi else plan["gpus"]
+    gpus = plan.gpus_on(node.name) if multi else plan.head_gpus
     options = launch_options(plan, backend, node if multi else None)
     try:
         return protocol.Launch(type="launch", v=1, deployment=deployment_id, backend=backend, model=model,
@@ -160,22 +161,21 @@ def _served_name(model_ref: str) -> str:
     return model_ref.rstrip("/").rsplit("/", 1)[-1] or model_ref
 
 
-def launch_options(plan: dict[str, Any], backend: str, head: Node | None = None) -> protocol.LaunchOptions:
-    s = plan.get("settings", {})
-    options: dict[str, Any] = {"tp": plan.get("tp", 1), "pp": plan.get("pp", 1),
-                               "max_model_len": s.get("max_model_len")}
+def launch_options(plan: Plan, backend: str, head: Node | None = None) -> protocol.LaunchOptions:
+    s = plan.settings or PlanSettings()
+    options: dict[str, Any] = {"tp": plan.tp, "pp": plan.pp, "max_model_len": s.max_model_len}
     if head is not None:
-        options.update(nnodes=len(plan["nodes"]), node_rank=0, master_addr=head_address(head))
+        options.update(nnodes=len(plan.nodes), node_rank=0, master_addr=head_address(head))
     if backend in ("vllm", "sglang"):
-        options["gpu_memory_utilization"] = s.get("gpu_memory_utilization") or s.get("mem_fraction_static")
-        if s.get("kv_cache_dtype") not in (None, "auto"):
-            options["kv_cache_dtype"] = s["kv_cache_dtype"]
+        options["gpu_memory_utilization"] = s.memory_fraction
+        if s.kv_cache_dtype not in (None, "auto"):
+            options["kv_cache_dtype"] = s.kv_cache_dtype
     if backend in ("llama.cpp", "llama-cpp-python"):
-        options["tensor_split"] = s.get("tensor_split")
-        options["parallel"] = s.get("n_parallel")
-        options["max_model_len"] = s.get("n_ctx") or s.get("max_model_len")
+        options["tensor_split"] = list(s.tensor_split) if s.tensor_split is not None else None
+        options["parallel"] = s.n_parallel
+        options["max_model_len"] = s.n_ctx or s.max_model_len
     if backend == "simulated":
-        options["sim_tokens_per_s"] = max(1.0, float(plan.get("decode_tok_s") or 20.0))
+        options["sim_tokens_per_s"] = max(1.0, float(plan.decode_tok_s or 20.0))
         options["served_model_name"] = None
     try:
         return protocol.LaunchOptions(**{k: v for k, v in options.items() if v is not None})
@@ -189,42 +189,27 @@ def head_address(node: Node) -> str:
     return node.reach_address
 
 
-def plan_placements(plan: dict[str, Any]) -> list[tuple[str, list[int]]]:
-    """(node, GPU indices) for each node of a plan, the head first."""
-    if "nodes" in plan:
-        return [(name, plan["gpus"][name]) for name in plan["nodes"]]
-    return [(plan["node"], plan["gpus"])] if plan.get("node") else []
-
-
-def placement_text(plan: dict[str, Any]) -> str:
-    return " + ".join(f"{name} GPUs {','.join(map(str, gpus))}" for name, gpus in plan_placements(plan))
-
-
-def plan_needs_override(plan: dict[str, Any]) -> bool:
-    return any(r.get("code") == "busy" for r in plan.get("risks", []))
-
-
 @transaction.atomic
 def create_deployment(row: PlanRequest, number: int, user, override_busy: bool = False) -> Deployment:
     """The operator clicked "Deploy" on plan `number` of `row`."""
     plan_data = row.plan(number)
     if plan_data is None:
         raise DeployError(f"plan {number + 1} does not exist for this request")
-    if plan_needs_override(plan_data) and not override_busy:
+    if plan_data.needs_override and not override_busy:
         raise DeployError("this plan needs GPUs that are already in use; tick 'deploy onto busy GPUs' to override")
     head, *others = plan_nodes(plan_data)
-    deployment = Deployment(name=_served_name(row.model_ref), created_by=user, plan_request=row, plan=plan_data,
+    deployment = Deployment(name=_served_name(row.model_ref), created_by=user, plan_request=row, plan=plan_data.to_json(),
                             node=head, override_busy=override_busy, launch={})
     deployment.launch = launch_for(deployment.pk, plan_data, head, row.model_ref).model_dump()
     deployment.save()
     for rank, node in enumerate(others, start=1):
-        DeploymentMember.objects.create(deployment=deployment, node=node, rank=rank, gpus=plan_data["gpus"][node.name])
+        DeploymentMember.objects.create(deployment=deployment, node=node, rank=rank, gpus=plan_data.gpus_on(node.name))
     return deployment
 
 
-def plan_nodes(plan_data: dict[str, Any]) -> list[Node]:
+def plan_nodes(plan_data: Plan) -> list[Node]:
     """The plan's nodes from the fleet, head first; all simulated or none (one backend runs on all of them)."""
-    names = plan_data.get("nodes") or [plan_data.get("node")]
+    names = plan_data.nodes or [None]
     found = {n.name: n for n in Node.objects.filter(name__in=names)}
     missing = [name for name in names if name not in found]
     if missing:

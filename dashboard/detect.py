@@ -140,7 +140,7 @@ def stall_cause(d: Deployment, gpus: dict[str, Any]) -> tuple[str, str, dict[str
     idle = " GPU memory is full and utilization is 0: the GPUs wait on each other or on the host." \
         if gpus.get("pattern") == "idle-full" else ""
     if weak:
-        cause = (f"Tensor parallelism (TP={d.plan.get('tp')}) all-reduces twice per layer per token across "
+        cause = (f"Tensor parallelism (TP={d.chosen_plan.tp}) all-reduces twice per layer per token across "
                  f"{weak}, which has no P2P; NCCL collectives over such links can hang.{spin}{idle}")
         remedy = ("Restart with NCCL_P2P_DISABLE=1 (and --disable-custom-all-reduce), check ACS/IOMMU on the "
                   "host, or re-plan without tensor parallelism across these links (pipeline / layer split).")
@@ -152,9 +152,10 @@ def stall_cause(d: Deployment, gpus: dict[str, Any]) -> tuple[str, str, dict[str
 
 def weak_tp_links(d: Deployment) -> str:
     """The TP group's GPU pairs that go through the host without P2P, as text ('' when none)."""
-    if (d.plan.get("tp") or 1) < 2:
+    plan = d.chosen_plan
+    if plan.tp < 2:
         return ""
-    gpus = {f"GPU{i}" for i in d.plan.get("gpus", [])}
+    gpus = {f"GPU{i}" for i in plan.head_gpus}
     weak = [f"{x.a}-{x.b} ({x.link}, P2P {x.p2p_read or 'unknown'})" for x in d.node.links.all()
             if {x.a, x.b} <= gpus and x.link in ("PHB", "NODE", "SYS", "SOC") and x.p2p_read != "OK"]
     return ", ".join(weak[:6])
@@ -163,8 +164,13 @@ def weak_tp_links(d: Deployment) -> str:
 def replan_fields(d: Deployment, **constraints: Any) -> dict[str, Any]:
     request = d.plan_request
     return {"model_ref": request.model_ref if request else d.name, "node": d.node.name,
-            "max_model_len": request.max_model_len if request else d.plan.get("settings", {}).get("max_model_len"),
+            "max_model_len": request.max_model_len if request else _planned_context(d),
             "concurrency": request.concurrency if request else 1, **constraints}
+
+
+def _planned_context(d: Deployment) -> int | None:
+    settings = d.chosen_plan.settings
+    return settings.max_model_len if settings else None
 
 
 def startup_overdue(d: Deployment, now: datetime, verdict: Verdict, lines: list[str]) -> Problem | None:
@@ -264,7 +270,7 @@ def counter_series(d: Deployment, now: datetime, minutes: int = 10) -> dict[str,
 
 def gpu_pattern(d: Deployment, now: datetime, seconds: float = 30) -> dict[str, Any]:
     """Mean utilization and memory use of the deployment's GPUs over the last seconds, and their pattern."""
-    rows = GpuSample.objects.filter(gpu__node=d.node, gpu__index__in=d.plan.get("gpus", []),
+    rows = GpuSample.objects.filter(gpu__node=d.node, gpu__index__in=d.chosen_plan.head_gpus,
                                     t__gte=now - timedelta(seconds=seconds))
     values = list(rows.values_list("util_gpu", "mem_used_mib", "mem_free_mib"))
     if not values:

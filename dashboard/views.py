@@ -12,6 +12,7 @@ from dashboard import deploy, fleet, roles, tasks
 from dashboard.browser_json import json_response
 from dashboard.forms import DeployForm
 from dashboard.models import Deployment, Node, PlanRequest
+from placement.plan_model import Plan
 
 
 @login_required
@@ -71,20 +72,16 @@ def plan_fragment(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def plans_context(row: PlanRequest) -> dict:
-    plans = (row.result or {}).get("plans", [])
-    nodes = {n.name: n for n in Node.objects.filter(name__in={name for p in plans for name, _ in
-                                                               deploy.plan_placements(p)})}
-    for p in plans:
-        for b in p.get("breakdown", []):
-            b["other_gib"] = max(0.0, b["total_gib"] - b["weights_gib"] - b.get("kv_cache_gib", 0.0))
-    items = [{"number": i, "plan": p, "where": deploy.placement_text(p), "grids": _grids(p, nodes),
-              "needs_override": deploy.plan_needs_override(p)} for i, p in enumerate(plans)]
+    plans = row.plans()
+    nodes = {n.name: n for n in Node.objects.filter(name__in={name for p in plans for name in p.nodes})}
+    items = [{"number": i, "plan": p, "where": p.where_text(), "grids": _grids(p, nodes),
+              "needs_override": p.needs_override} for i, p in enumerate(plans)]
     return {"row": row, "plans": items, "rejected": (row.result or {}).get("rejected", [])}
 
 
-def _grids(plan: dict, nodes: dict[str, Node]) -> list[dict]:
+def _grids(plan: Plan, nodes: dict[str, Node]) -> list[dict]:
     grids = [(name, fleet.topology_grid(nodes[name], set(gpus)))
-             for name, gpus in deploy.plan_placements(plan) if name in nodes]
+             for name, gpus in plan.placements() if name in nodes]
     return [{"node": name, **grid} for name, grid in grids if grid is not None]
 
 

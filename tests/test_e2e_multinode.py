@@ -48,11 +48,11 @@ def member_of(deployment: Deployment) -> DeploymentMember:
 
 def serving_across_both(client: httpx.Client) -> Deployment:
     row, plan = plan_across_nodes(client)
-    assert plan["nodes"] == ["box-a", "box-b"] or plan["nodes"] == ["box-b", "box-a"], plan
+    assert plan.nodes == ["box-a", "box-b"] or plan.nodes == ["box-b", "box-a"], plan
     fragment = client.get(f"/deploy/plans/{row.pk}/fragment/").text
-    where = " + ".join(f"{name} GPUs {','.join(map(str, plan['gpus'][name]))}" for name in plan["nodes"])
+    where = " + ".join(f"{name} GPUs {','.join(map(str, gpus))}" for name, gpus in plan.placements())
     assert where in fragment and "2 nodes" in fragment  # the plan names every node, each with its grid
-    assert all(f'data-node="{name}"' in fragment for name in plan["nodes"])
+    assert all(f'data-node="{name}"' in fragment for name in plan.nodes)
     deployment = deploy_plan(client, row)
     wait_until(lambda: state_of(deployment) in ("ready", "serving", "failed"), timeout=60, what="head ready")
     assert deployment.state != "failed", deployment.detail

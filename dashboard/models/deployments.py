@@ -14,6 +14,7 @@ from django.utils import timezone
 from agents import protocol
 from dashboard.choices import DeploymentState, PlanStatus
 from dashboard.models.fleet import Node
+from placement.plan_model import Plan
 
 
 def _deployment_id() -> str:
@@ -48,9 +49,12 @@ class PlanRequest(models.Model):
     def get_absolute_url(self) -> str:
         return reverse("plan", args=[self.pk])
 
-    def plan(self, number: int) -> dict[str, Any] | None:
+    def plans(self) -> list[Plan]:
+        return [Plan.from_json(p) for p in (self.result or {}).get("plans", [])]
+
+    def plan(self, number: int) -> Plan | None:
         plans = (self.result or {}).get("plans", [])
-        return plans[number] if 0 <= number < len(plans) else None
+        return Plan.from_json(plans[number]) if 0 <= number < len(plans) else None
 
 
 class Deployment(models.Model):
@@ -96,6 +100,11 @@ class Deployment(models.Model):
 
     def get_absolute_url(self) -> str:
         return reverse("deployment", args=[self.pk])
+
+    @property
+    def chosen_plan(self) -> Plan:
+        """`plan` (the stored JSON) as the typed plan."""
+        return Plan.from_json(self.plan)
 
     def state_color(self) -> str:
         return DeploymentState.color(self.state)

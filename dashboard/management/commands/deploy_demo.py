@@ -29,13 +29,13 @@ class Command(BaseCommand):
             return
         row = PlanRequest.objects.create(model_ref=model, max_model_len=max_model_len, concurrency=4, node=target)
         row = deploy.run_plan_request(row.pk)
-        if row.status != PlanStatus.DONE or not row.result["plans"]:
+        if row.status != PlanStatus.DONE or not row.plans():
             raise CommandError(f"could not plan {model} on {node}: {row.error or 'no plan fits'}")
         deployment = deploy.create_deployment(row, 0, None)
         tasks.launch_deployment.delay(deployment.pk)
-        plan = row.result["plans"][0]
-        self.stdout.write(f"demo deployment {deployment.pk}: {model} as {plan['backend']} TP={plan['tp']} "
-                          f"PP={plan['pp']} on {node} (runs as {deployment.launch['backend']})")
+        plan = deployment.chosen_plan
+        self.stdout.write(f"demo deployment {deployment.pk}: {model} as {plan.backend} TP={plan.tp} "
+                          f"PP={plan.pp} on {node} (runs as {deployment.launch['backend']})")
 
     def wait_for_node(self, name: str, wait: float) -> Node:
         deadline = time.monotonic() + wait
