@@ -10,14 +10,14 @@ from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from dashboard.choices import DeploymentState, LinkClass
-from dashboard.live import gpu_point
+from dashboard.live import TIMED_POINT_KEYS, GpuPoint, gpu_point
 from dashboard.models import Deployment, Gpu, GpuSample, LogChunk, Node
 
 
 @dataclass
 class GpuRow:
     gpu: Gpu
-    point: list[float | None] | None
+    point: GpuPoint | None
 
 
 def latest_samples(gpus: list[Gpu]) -> dict[int, GpuSample]:
@@ -33,13 +33,13 @@ def fleet_overview() -> list[tuple[Node, list[GpuRow]]]:
     return [(n, [GpuRow(g, _point(latest.get(g.pk))) for g in n.gpus.all()]) for n in nodes]
 
 
-def _point(sample: GpuSample | None) -> list[float | None] | None:
+def _point(sample: GpuSample | None) -> GpuPoint | None:
     return gpu_point(sample) if sample else None
 
 
 def gpu_history(node: Node, minutes: int, indices: list[int] | None = None,
-                after: datetime | None = None) -> dict[str, list[list[float]]]:
-    """Per GPU id: [[unix_ms, util, mem_used_mib, temp, power], ...] for the node page's charts;
+                after: datetime | None = None) -> dict[str, Any]:
+    """{"keys": TIMED_POINT_KEYS, "gpus": {GPU id: [[unix_ms, *point], ...]}} for the charts;
     `after`: only the samples newer than that (a page that reconnects fills its gap)."""
     since = timezone.now() - timedelta(minutes=minutes)
     rows = GpuSample.objects.filter(gpu__node=node, t__gte=since).order_by("t")
@@ -48,10 +48,10 @@ def gpu_history(node: Node, minutes: int, indices: list[int] | None = None,
     if indices is not None:
         rows = rows.filter(gpu__index__in=indices)
     history: dict[str, list[list[float]]] = {}
-    for gpu_id, t, util, mem, temp, power in rows.values_list("gpu_id", "t", "util_gpu", "mem_used_mib",
-                                                                 "temp_c", "power_w"):
-        history.setdefault(str(gpu_id), []).append([t.timestamp() * 1000, util, mem, temp, power])
-    return history
+    for row in rows.values_list("gpu_id", "t", "util_gpu", "mem_used_mib", "mem_free_mib", "temp_c", "power_w",
+                                "util_mem", named=True):
+        history.setdefault(str(row.gpu_id), []).append([row.t.timestamp() * 1000, *gpu_point(row)])
+    return {"keys": TIMED_POINT_KEYS, "gpus": history}
 
 
 def topology_grid(node: Node, selected: set[int] | None = None) -> dict[str, Any] | None:

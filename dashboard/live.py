@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -36,18 +36,40 @@ def agent_group(node_id: int) -> str:
     return f"agent-{node_id}"
 
 
-def gpu_point(row: Any) -> list[float]:
-    """The compact per-GPU values the pages draw: [util, mem_used, mem_total, temp, power, util_mem].
+class GpuPoint(NamedTuple):
+    """One GPU's readings as the pages show them: the one shape of a live point and of a chart's history.
+
+    Browsers get the values as a list in field order and the names once per message (`keys`): at 1,000
+    nodes x 8 GPUs, names on every point would make the tick about half as long again. The pages read a
+    point by name through `Live.point(keys, values)` (static/js/live.js).
+    """
+
+    util: float  # % of time a kernel ran
+    mem_used: float  # MiB
+    mem_total: float  # MiB
+    temp: float  # degrees C
+    power: float  # W
+    util_mem: float  # % of time memory was read or written
+
+
+POINT_KEYS = GpuPoint._fields
+TIMED_POINT_KEYS = ("t", *POINT_KEYS)  # a chart's history: unix milliseconds, then the point
+
+
+def gpu_point(row: Any) -> GpuPoint:
+    """The point of a stored sample (a GpuSample or an ingest row).
 
     To a tenth: the pages show whole numbers, and full float precision made the tick 1.8 times as long.
     """
     total = row.mem_used_mib + row.mem_free_mib
-    return [round(v, 1) for v in (row.util_gpu, row.mem_used_mib, total, row.temp_c, row.power_w, row.util_mem)]
+    return GpuPoint(*(round(v, 1) for v in (row.util_gpu, row.mem_used_mib, total, row.temp_c, row.power_w,
+                                            row.util_mem)))
 
 
 def fleet_update(nodes: list[dict[str, Any]], deployments: list[dict[str, Any]]) -> dict[str, str]:
-    """A "fleet.update" group message with the browsers' JSON already encoded (once, not per browser)."""
-    text = browser_json.dumps({"type": "fleet.update", "sent": time.time(), "nodes": nodes,
+    """A "fleet.update" group message with the browsers' JSON already encoded (once, not per browser);
+    each node's `gpus` maps a GPU id to its point's values, named by `keys`."""
+    text = browser_json.dumps({"type": "fleet.update", "sent": time.time(), "keys": POINT_KEYS, "nodes": nodes,
                                "deployments": deployments})
     return {"type": "fleet.update", "text": text}
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -29,6 +30,9 @@ def test_it_shows_the_topology_grid_and_a_chart_receiving_points(live_stack, ali
         page = browser.new_page()
         login(page, live_stack.url)
         assert page.locator("section.node h2 a", has_text="a30-seed").is_visible()
+        page.wait_for_timeout(2000)  # live ticks rewrite the GPU rows, reading each point's values by name
+        assert all(re.fullmatch(r"\d+ %", t) for t in page.locator("tr.gpu td.util").all_inner_texts())
+        assert all(re.fullmatch(r"\d+ / \d+ MiB", t) for t in page.locator("tr.gpu .mem").all_inner_texts())
         page.click("text=a30-seed")
         page.wait_for_selector("table#topology")
         cells = page.locator("table#topology tbody tr").nth(0).locator("td.cell").all_inner_texts()
@@ -37,6 +41,9 @@ def test_it_shows_the_topology_grid_and_a_chart_receiving_points(live_stack, ali
         points = page.evaluate("Chart.getChart('chart-' + document.querySelector('figure.chart').dataset.gpu)"
                                ".data.datasets[0].data.length")
         assert points >= 2
+        memory = page.evaluate("Chart.getChart('chart-' + document.querySelector('figure.chart').dataset.gpu)"
+                               ".data.datasets[1].data.map((d) => d.y)")
+        assert all(0 <= y <= 100 for y in memory), memory
         assert page.locator("#live-status").inner_text() == "live"
         page.screenshot(path=str(log_dir / "node-page.png"), full_page=True)
     finally:

@@ -55,9 +55,12 @@ async def test_it_sends_every_browser_the_newest_values_of_each_node_to_a_tenth(
         await first.disconnect()
         await second.disconnect()
     assert messages[0] == messages[1]
-    assert set(messages[0]) == {"type", "sent", "nodes", "deployments"} and messages[0]["type"] == "fleet.update"
+    assert set(messages[0]) == {"type", "sent", "keys", "nodes", "deployments"} and messages[0]["type"] == "fleet.update"
     assert messages[0]["nodes"] == [{"node": 7, "t": 1_700_000_000.5,
                                      "gpus": {"41": [87.5, 70000.0, 81000.0, 71.3, 512.5, 40.0]}}]
+    named = dict(zip(messages[0]["keys"], messages[0]["nodes"][0]["gpus"]["41"], strict=True))
+    assert named == {"util": 87.5, "mem_used": 70000.0, "mem_total": 81000.0, "temp": 71.3, "power": 512.5,
+                     "util_mem": 40.0}
     assert messages[0]["deployments"] == []
 
 

@@ -62,15 +62,16 @@ def test_it_embeds_the_last_fifteen_minutes_for_the_charts(client, alice, seed_n
                              util_mem=1, mem_used_mib=1, mem_free_mib=1, temp_c=1, power_w=1)
     client.force_login(alice)
     history = client.get("/nodes/a30-seed/").context["history"]
-    assert sorted(len(points) for points in history.values()) == [1, 1, 1, 1]
+    assert history["keys"] == ("t", "util", "mem_used", "mem_total", "temp", "power", "util_mem")
+    assert sorted(len(points) for points in history["gpus"].values()) == [1, 1, 1, 1]
 
 
 def test_it_sends_a_reconnecting_page_only_the_points_it_missed(client, alice, seed_node):
     newest = GpuSample.objects.order_by("-t").first().t
     client.force_login(alice)
     missed = client.get(f"/nodes/a30-seed/history.json?after={(newest - timedelta(seconds=1)).timestamp() * 1000}")
-    assert sorted(len(points) for points in missed.json().values()) == [1, 1, 1, 1]
-    assert client.get(f"/nodes/a30-seed/history.json?after={newest.timestamp() * 1000}").json() == {}
+    assert sorted(len(points) for points in missed.json()["gpus"].values()) == [1, 1, 1, 1]
+    assert client.get(f"/nodes/a30-seed/history.json?after={newest.timestamp() * 1000}").json()["gpus"] == {}
     for bad in ("yesterday", "1e400", "nan"):
         response = client.get(f"/nodes/a30-seed/history.json?after={bad}")
         assert response.status_code == 400 and "unix milliseconds" in response.json()["error"]
@@ -90,7 +91,8 @@ def test_it_writes_strict_json_for_the_charts_when_a_stored_value_is_not_finite(
         raise ValueError(f"{name} is not JSON")
 
     history = json.loads(client.get("/nodes/a30-seed/history.json").content, parse_constant=refuse)
-    assert [points[0][3:] for points in history.values()] == [[None, None]] * 4
+    named = [dict(zip(history["keys"], points[0], strict=True)) for points in history["gpus"].values()]
+    assert [(point["temp"], point["power"]) for point in named] == [(None, None)] * 4
     page = client.get("/nodes/a30-seed/").content.decode()
     embedded = page.split('<script id="history" type="application/json">')[1].split("</script>")[0]
     assert json.loads(embedded, parse_constant=refuse) == history

@@ -8,8 +8,9 @@ const palette = ["#1e88e5", "#43a047", "#fb8c00", "#8e24aa", "#00897b", "#e53935
 
 const datasets = [{ label: "tokens/s", data: metrics.map((m) => ({ x: m[0], y: m[1] })), yAxisID: "tok",
                     borderColor: "#111", borderWidth: 2, pointRadius: 0 }];
-Object.entries(gpuHistory).forEach(([gpuId, points], i) => datasets.push({
-  label: `GPU util % (${gpuId})`, gpuId, data: points.map((p) => ({ x: p[0], y: p[1] })), yAxisID: "pct",
+Object.entries(gpuHistory.gpus).forEach(([gpuId, points], i) => datasets.push({
+  label: `GPU util % (${gpuId})`, gpuId,
+  data: points.map((values) => Live.point(gpuHistory.keys, values)).map((p) => ({ x: p.t, y: p.util })), yAxisID: "pct",
   borderColor: palette[i % palette.length], borderWidth: 1, pointRadius: 0 }));
 
 const chart = new Chart(document.getElementById("tokens-chart"), {
@@ -47,6 +48,6 @@ Live.onUpdate((msg) => {
     box.dataset.state = d.state;
   }
   const node = msg.nodes.find((n) => String(n.node) === box.dataset.node);
-  if (node) datasets.slice(1).forEach((ds) => { const p = node.gpus[ds.gpuId]; if (p) push(ds, node.t * 1000, p[0]); });
+  if (node) datasets.slice(1).forEach((ds) => { const p = node.gpus[ds.gpuId]; if (p) push(ds, node.t * 1000, Live.point(msg.keys, p).util); });
   chart.update("none");
 });

@@ -17,7 +17,7 @@ Live.onUpdate((msg) => {
     for (const [gpuId, p] of Object.entries(node.gpus)) {
       const row = document.querySelector(`tr.gpu[data-gpu="${gpuId}"]`);
       if (!row) continue;
-      const [util, used, total, temp, power] = p;
+      const { util, mem_used: used, mem_total: total, temp, power } = Live.point(msg.keys, p);
       row.querySelector(".util").textContent = `${fmt(util, 0)} %`;
       row.querySelector(".fill").style.width = `${total ? (100 * used) / total : 0}%`;
       row.querySelector(".mem").textContent = `${fmt(used, 0)} / ${fmt(total, 0)} MiB`;

@@ -73,5 +73,8 @@ var Live = window.Live || (() => {
     onAlert: (h) => handlers.alert.push(h),
     // A page script registered after the socket opened is told at once, or it would miss that open.
     onOpen: (h) => { handlers.open.push(h); if (isOpen) h(opens); },
+    // A GPU point by name: the server sends each point's values as a list and their names once per message
+    // (dashboard.live.GpuPoint: util, mem_used, mem_total, temp, power, util_mem; a chart's history adds t first).
+    point: (keys, values) => Object.fromEntries(keys.map((key, i) => [key, values[i]])),
   };
 })();

@@ -1,23 +1,23 @@
 // Node page: one Chart.js chart per GPU (utilization, memory, temperature, power), last 15 minutes, live.
 "use strict";
 const WINDOW_MS = 15 * 60 * 1000;
-const history = JSON.parse(document.getElementById("history").textContent);
+const history = JSON.parse(document.getElementById("history").textContent); // {keys, gpus: {id: [values]}}
 const section = document.querySelector(".node-detail");
 const charts = new Map();
 
-function series(points, column) { return points.map((p) => ({ x: p[0], y: p[column] })); }
+function series(points, key) { return points.map((p) => ({ x: p.t, y: p[key] })); }
 
 function makeChart(figure) {
   const gpuId = figure.dataset.gpu;
   const memTotal = parseFloat(figure.dataset.memory);
-  const points = history[gpuId] || [];
+  const points = (history.gpus[gpuId] || []).map((values) => Live.point(history.keys, values));
   const chart = new Chart(figure.querySelector("canvas"), {
     type: "line",
     data: { datasets: [
-      { label: "util %", data: series(points, 1), yAxisID: "pct", borderColor: "#1e88e5", pointRadius: 0, borderWidth: 1.5 },
-      { label: "memory %", data: points.map((p) => ({ x: p[0], y: (100 * p[2]) / memTotal })), yAxisID: "pct", borderColor: "#8e24aa", pointRadius: 0, borderWidth: 1.5 },
-      { label: "temp °C", data: series(points, 3), yAxisID: "pct", borderColor: "#f4511e", pointRadius: 0, borderWidth: 1 },
-      { label: "power W", data: series(points, 4), yAxisID: "watts", borderColor: "#43a047", pointRadius: 0, borderWidth: 1 },
+      { label: "util %", data: series(points, "util"), yAxisID: "pct", borderColor: "#1e88e5", pointRadius: 0, borderWidth: 1.5 },
+      { label: "memory %", data: points.map((p) => ({ x: p.t, y: (100 * p.mem_used) / memTotal })), yAxisID: "pct", borderColor: "#8e24aa", pointRadius: 0, borderWidth: 1.5 },
+      { label: "temp °C", data: series(points, "temp"), yAxisID: "pct", borderColor: "#f4511e", pointRadius: 0, borderWidth: 1 },
+      { label: "power W", data: series(points, "power"), yAxisID: "watts", borderColor: "#43a047", pointRadius: 0, borderWidth: 1 },
     ] },
     options: {
       animation: false, parsing: false, normalized: true, maintainAspectRatio: false,
@@ -34,8 +34,8 @@ function makeChart(figure) {
 
 document.querySelectorAll("figure.chart").forEach(makeChart);
 
-function addPoint(entry, x, util, used, temp, power) {
-  const values = [util, (100 * used) / entry.memTotal, temp, power];
+function addPoint(entry, x, point) {
+  const values = [point.util, (100 * point.mem_used) / entry.memTotal, point.temp, point.power];
   entry.chart.data.datasets.forEach((ds, i) => {
     const last = ds.data.length ? ds.data[ds.data.length - 1].x : -Infinity;
     if (x > last) ds.data.push({ x, y: values[i] });
@@ -51,8 +51,7 @@ Live.onUpdate((msg) => {
   for (const [gpuId, p] of Object.entries(mine.gpus)) {
     const entry = charts.get(gpuId);
     if (!entry) continue;
-    const [util, used, , temp, power] = p;
-    addPoint(entry, x, util, used, temp, power);
+    addPoint(entry, x, Live.point(msg.keys, p));
     entry.chart.update("none");
   }
   window.layercakePoints = (window.layercakePoints || 0) + 1;
@@ -73,11 +72,11 @@ Live.onOpen(async (opens) => {
   const response = await fetch(`${location.pathname}history.json?after=${newestPoint()}`);
   if (!response.ok) return;
   const missed = await response.json();
-  for (const [gpuId, points] of Object.entries(missed)) {
+  for (const [gpuId, points] of Object.entries(missed.gpus)) {
     const entry = charts.get(gpuId);
     if (!entry) continue;
-    points.forEach(([x, util, used, temp, power]) => addPoint(entry, x, util, used, temp, power));
+    points.map((values) => Live.point(missed.keys, values)).forEach((p) => addPoint(entry, p.t, p));
     entry.chart.update("none");
   }
-  window.layercakeBackfilled = (window.layercakeBackfilled || 0) + Object.values(missed).flat().length;
+  window.layercakeBackfilled = (window.layercakeBackfilled || 0) + Object.values(missed.gpus).flat().length;
 });
