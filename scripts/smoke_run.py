@@ -126,7 +126,7 @@ def stop_stack(stack: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired as exc:
         raise SmokeFailure("runstack", f"still running {STOP_WITHIN_S} s after SIGTERM") from exc
     time.sleep(0.5)
-    left = [command_line(pid) for pid in started if Path(f"/proc/{pid}").exists()]
+    left = [command_line(pid) for pid in started if running(pid)]
     for pid in started:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -150,6 +150,15 @@ def descendants(root: int) -> list[int]:
         found += below
         todo += below
     return sorted(found)
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an exited child its parent has not reaped yet is gone for our purpose)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(") ", 1)[1].split()[0] not in ("Z", "X")
 
 
 def command_line(pid: int) -> str:

@@ -102,18 +102,19 @@ def start_agent_with_disk_outbox(server: str, token: str, log_dir, run_dir) -> s
 def test_it_sends_what_it_sampled_before_a_restart_while_the_server_was_down(live_stack, log_dir, tmp_path):
     node, token = node_with_token("rtx4090-box")
     live_stack.stop_server()
-    first = start_agent_with_disk_outbox(live_stack.url, token, log_dir, tmp_path)
-    wait_until(lambda: len(rows_on_disk(tmp_path / "outbox.sqlite3")) >= 8, what="samples taken with no server")
-    first.proc.send_signal(signal.SIGKILL)
-    first.proc.wait()
-    killed_at = timezone.now()
-    second = start_agent_with_disk_outbox(live_stack.url, token, log_dir, tmp_path)
+    agents = [start_agent_with_disk_outbox(live_stack.url, token, log_dir, tmp_path)]
     try:
+        wait_until(lambda: len(rows_on_disk(tmp_path / "outbox.sqlite3")) >= 8, what="samples taken with no server")
+        agents[0].proc.send_signal(signal.SIGKILL)
+        agents[0].proc.wait()
+        killed_at = timezone.now()
+        agents.append(start_agent_with_disk_outbox(live_stack.url, token, log_dir, tmp_path))
         time.sleep(1.0)
         live_stack.start_server()
         wait_until(lambda: Node.objects.get(pk=node.pk).last_seq >= 25, what="replay of both runs")
     finally:
-        second.stop()
+        for agent in agents:  # a failed wait must not leave an agent running past the test
+            agent.stop()
     seqs = seqs_per_gpu(node)
     assert set(seqs) == {0, 1}
     for gpu_seqs in seqs.values():
