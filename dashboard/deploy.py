@@ -17,6 +17,7 @@ from django.utils import timezone
 from agents import protocol
 from dashboard.choices import DeploymentState, PlanStatus
 from dashboard.fleet import latest_samples
+from dashboard.jobs import Job, LaunchMembers, StopProcesses
 from dashboard.models import Deployment, DeploymentEvent, DeploymentMember, Node, PlanRequest
 from dashboard.models.deployments import member_failure_text
 from placement import PlacementError, Request, load_cluster, plan
@@ -236,36 +237,38 @@ def plan_nodes(plan_data: dict[str, Any]) -> list[Node]:
 
 
 # ---- multi-node: the head first, then the others join it ---------------------------------------------------
-def follow_head(deployment: Deployment, status: protocol.DeploymentStatus) -> None:
+def follow_head(deployment: Deployment, status: protocol.DeploymentStatus) -> list[Job]:
     """A multi-node head that is up reports its rendezvous port; then the other nodes are launched to join it.
-    A head that failed takes the others down: they would wait for it in NCCL until a timeout."""
+    A head that failed takes the others down: they would wait for it in NCCL until a timeout.
+    Returns the tasks to queue once the caller's transaction commits."""
     if status.state == DeploymentState.FAILED and deployment.desired == "running" and deployment.members.exists():
-        transaction.on_commit(lambda: _queue("stop_processes", deployment.pk))
-        return
+        return [StopProcesses(deployment.pk)]
     if status.dist_port is None or status.state not in DeploymentState.ACTIVE or deployment.desired != "running":
-        return
+        return []
     if status.dist_port == deployment.dist_port:
-        return
+        return []
     deployment.dist_port = status.dist_port
     deployment.save(update_fields=["dist_port"])
-    transaction.on_commit(lambda: _queue("launch_members", deployment.pk))
+    return [LaunchMembers(deployment.pk)]
 
 
-def apply_member_status(deployment: Deployment, member: DeploymentMember, status: protocol.DeploymentStatus) -> None:
+def apply_member_status(deployment: Deployment, member: DeploymentMember,
+                        status: protocol.DeploymentStatus) -> list[Job]:
     """A further node reported. Its failure fails the deployment, and the rest are stopped: a model split
-    across nodes cannot run with a node missing (the survivors would wait in NCCL until a timeout)."""
+    across nodes cannot run with a node missing (the survivors would wait in NCCL until a timeout).
+    Returns the tasks to queue once the caller's transaction commits."""
     if deployment.desired == "stopped" and status.state not in (DeploymentState.STOPPED, DeploymentState.FAILED):
-        return
+        return []
     asked_to_stop = member.state == DeploymentState.STOPPING
     member.apply_status(status)
     if status.state != DeploymentState.FAILED or deployment.desired != "running" or asked_to_stop:
-        return
+        return []
     said = f"node {member.node.name} (rank {member.rank}) failed: {status.detail or 'no detail'}"
     if deployment.state == DeploymentState.FAILED:  # the head noticed first (a lost peer breaks its NCCL)
         deployment.move_to(DeploymentState.FAILED, member_failure_text(said, deployment.detail))
-        return
+        return []
     deployment.move_to(DeploymentState.FAILED, said)
-    transaction.on_commit(lambda: _queue("stop_processes", deployment.pk))
+    return [StopProcesses(deployment.pk)]
 
 
 def member_commands(deployment: Deployment) -> list[tuple[DeploymentMember, list[str]]]:
@@ -310,12 +313,6 @@ def note_resent(target: Deployment | DeploymentMember, now: datetime) -> None:
     deployment = target.deployment if who else target
     if not deployment.events.filter(t__gte=target.state_since, detail__startswith=who + RESENT).exists():
         DeploymentEvent.objects.create(deployment=deployment, state=DeploymentState.LAUNCHING, detail=who + detail)
-
-
-def _queue(task_name: str, deployment_id: str) -> None:
-    from dashboard import tasks  # tasks import this module
-
-    getattr(tasks, task_name).delay(deployment_id)
 
 
 # ---- plan requests whose worker died -----------------------------------------------------------------------

@@ -1,8 +1,13 @@
-"""Periodic fleet housekeeping run by Celery beat."""
+"""Celery tasks: periodic fleet housekeeping run by beat, and the work views and services ask for.
+
+The only module that queues tasks: services return `jobs` for what should happen next, and their callers
+hand them to `enqueue` (see dashboard/jobs.py for why).
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 from datetime import timedelta
 
 from asgiref.sync import async_to_sync
@@ -10,13 +15,16 @@ from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from kombu.exceptions import OperationalError
 
 from agents import protocol
-from dashboard import deploy
+from dashboard import alerts, deploy, detect
 from dashboard.choices import DeploymentState, NodeStatus
-from dashboard.ingest import deployment_summary
+from dashboard.jobs import DeliverNotifications, Job, LaunchMembers, StopProcesses
 from dashboard.live import agent_group, announce_deployment, announce_node, announce_plan
 from dashboard.models import Deployment, GpuSample, LogChunk, Node
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(ignore_result=False)
@@ -142,7 +150,7 @@ def restart_deployment(deployment_id: str) -> str:
 def send_to_agent(deployment: Deployment, frame: str) -> None:
     """Hand a command to the head node's agent (if it is connected; on reconnect it gets its launches again)."""
     send_to_node(deployment.node_id, frame)
-    async_to_sync(announce_deployment)(deployment_summary(deployment))
+    async_to_sync(announce_deployment)(deployment.summary())
 
 
 def send_to_node(node_id: int, frame: str) -> None:
@@ -155,16 +163,31 @@ def send_to_node(node_id: int, frame: str) -> None:
 @shared_task(ignore_result=True)
 def evaluate_fleet() -> int:
     """Open an alert for every problem found now; resolve the alerts whose problem is gone."""
-    from dashboard import alerts, detect
-
     problems, judged = detect.fleet_problems()
-    alerts.sync(problems, judged)
+    enqueue(alerts.sync(problems, judged))
     return len(problems)
 
 
 @shared_task(ignore_result=False)
 def deliver_notifications() -> int:
     """Send the due alert notifications; any number of workers may run this at once (rows are claimed)."""
-    from dashboard import alerts
-
     return alerts.deliver_pending()
+
+
+def enqueue(jobs: list[Job]) -> None:
+    """Queue the tasks a service asked for (called once its transaction committed)."""
+    for job in jobs:
+        match job:
+            case LaunchMembers(deployment_id):
+                launch_members.delay(deployment_id)
+            case StopProcesses(deployment_id):
+                stop_processes.delay(deployment_id)
+            case DeliverNotifications():
+                queue_delivery()
+
+
+def queue_delivery() -> None:
+    try:
+        deliver_notifications.delay()
+    except (OperationalError, OSError) as exc:  # the beat sweep delivers the rows once the broker is back
+        log.warning("could not queue alert delivery: %s", exc)

@@ -103,6 +103,13 @@ class Deployment(models.Model):
     def state_label(self) -> str:
         return DeploymentState.label(self.state)
 
+    def summary(self) -> dict[str, Any]:
+        """What the live pages show of a deployment (sent in fleet ticks)."""
+        counters = self.last_counters or {}
+        return {"id": self.pk, "node": self.node_id, "state": self.state, "label": self.state_label(),
+                "progress": self.progress, "tokens_per_s": self.tokens_per_s, "t": self.last_counters_t,
+                "running": counters.get("requests_running"), "waiting": counters.get("requests_waiting")}
+
     @property
     def is_active(self) -> bool:
         return self.state in DeploymentState.ACTIVE
