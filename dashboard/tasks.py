@@ -19,7 +19,7 @@ from kombu.exceptions import OperationalError
 
 from agents import protocol
 from dashboard import alerts, deploy, detect
-from dashboard.choices import DeploymentState, NodeStatus
+from dashboard.choices import DeploymentState, DesiredState, NodeStatus
 from dashboard.jobs import DeliverNotifications, Job, LaunchMembers, StopProcesses
 from dashboard.live import agent_group, announce_deployment, announce_node, announce_plan
 from dashboard.models import Deployment, GpuSample, LogChunk, Node
@@ -74,7 +74,7 @@ def launch_deployment(deployment_id: str) -> str:
     with transaction.atomic():  # the row lock keeps an operator's Stop from landing between check and move
         deployment = Deployment.objects.select_for_update(of=("self",)).select_related("node").get(pk=deployment_id)
         if deployment.state not in (DeploymentState.PLANNED, DeploymentState.LAUNCHING) or \
-                deployment.desired != "running":
+                deployment.desired != DesiredState.RUNNING:
             return deployment.state
         deployment.move_to(DeploymentState.LAUNCHING, f"launch sent to {deployment.node.name}")
     send_to_agent(deployment, protocol.dump(deployment.launch_command()))
@@ -85,7 +85,7 @@ def launch_deployment(deployment_id: str) -> str:
 def launch_members(deployment_id: str) -> int:
     """Multi-node: the head reported its rendezvous port; launch the other nodes to join it."""
     deployment = Deployment.objects.select_related("node").get(pk=deployment_id)
-    if deployment.desired != "running" or deployment.dist_port is None:
+    if deployment.desired != DesiredState.RUNNING or deployment.dist_port is None:
         return 0
     commands = deploy.member_commands(deployment)
     for member, frames in commands:
@@ -114,9 +114,9 @@ def resend_lost_launches() -> int:
 def stop_deployment(deployment_id: str) -> str:
     deployment = Deployment.objects.select_related("node").get(pk=deployment_id)
     if deployment.state in (DeploymentState.STOPPED, DeploymentState.FAILED):
-        deployment.move_to(DeploymentState.STOPPED, "stopped by the operator", desired="stopped")
+        deployment.move_to(DeploymentState.STOPPED, "stopped by the operator", desired=DesiredState.STOPPED)
     else:
-        deployment.move_to(DeploymentState.STOPPING, "stop sent to the agent", desired="stopped")
+        deployment.move_to(DeploymentState.STOPPING, "stop sent to the agent", desired=DesiredState.STOPPED)
     stop_processes(deployment_id)
     return deployment.state
 
@@ -139,7 +139,7 @@ def restart_deployment(deployment_id: str) -> str:
     # pid cleared: a restart that never reaches the agent is then re-sent as a launch (resend_lost_launches),
     # which an agent whose old server still runs answers with "already running".
     deployment.move_to(DeploymentState.LAUNCHING, "restart sent to the agent", exit_code=None, progress=None,
-                       pid=None, desired="running")
+                       pid=None, desired=DesiredState.RUNNING)
     send_to_agent(deployment, protocol.dump(protocol.Restart(type="restart", v=1, deployment=deployment.pk)))
     for member in deployment.members.select_related("node"):  # they rejoin the new head once it reports its port
         member.move_to(DeploymentState.STOPPING, "stopped for the restart")
