@@ -88,6 +88,18 @@ class DeploymentState(ChoiceSet):
     ACTIVE = (LAUNCHING, LOADING, READY, SERVING)
 
 
+class DesiredState(ChoiceSet):
+    """What the operator asked of a deployment (Deployment.desired), whatever state it is in now: one asked to
+    stop is never launched again by a retry, a resend or a reconnecting agent."""
+
+    RUNNING = "running"
+    STOPPED = "stopped"
+    CHOICES = [
+        (RUNNING, "Running", "green"),
+        (STOPPED, "Stopped", "gray"),
+    ]
+
+
 class AlertStatus(ChoiceSet):
     OPEN = "open"
     ACKNOWLEDGED = "acknowledged"
