@@ -38,9 +38,9 @@ def setup(db_dir: str) -> None:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    from dashboard import alerts
+    from dashboard import tasks
 
-    alerts.queue_delivery = lambda: None  # no broker here: the rows stay queued
+    tasks.queue_delivery = lambda: None  # no broker here: the rows stay queued
 
 
 def timed_runs(runs: int, before_each: Callable[[], None] = lambda: None) -> list[dict]:

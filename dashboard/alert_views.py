@@ -15,6 +15,7 @@ from django.views.decorators.http import require_POST
 from dashboard import alerts, browser_json, egress, roles, tasks
 from dashboard.choices import AlertStatus, ChannelKind
 from dashboard.context_processors import banner_context
+from dashboard.forms import replan_request
 from dashboard.models import Alert, Channel
 from dashboard.transports import shows_raw_errors
 
@@ -72,9 +73,10 @@ def evidence_facts(evidence: dict[str, Any]) -> list[tuple[str, str]]:
 @require_POST
 @roles.requires(roles.ACKNOWLEDGE)
 def alert_acknowledge(request: HttpRequest, pk: int) -> HttpResponse:
-    alert = get_object_or_404(Alert, pk=pk)
-    if alerts.acknowledge(alert, request.user) is None:
+    alert, batch = get_object_or_404(Alert, pk=pk), alerts.Batch()
+    if alerts.acknowledge(alert, request.user, batch) is None:
         messages.info(request, f"This alert is {alert.status_label().lower()} already.")
+    tasks.enqueue(batch.jobs())
     return redirect(alert)
 
 
@@ -84,7 +86,7 @@ def alert_acknowledge(request: HttpRequest, pk: int) -> HttpResponse:
 def alert_replan(request: HttpRequest, pk: int) -> HttpResponse:
     alert = get_object_or_404(Alert, pk=pk)
     try:
-        row = alerts.replan(alert, request.user)
+        row = replan_request(alert, request.user)
     except ValueError as exc:
         messages.error(request, str(exc))
         return redirect(alert)

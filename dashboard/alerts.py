@@ -20,14 +20,13 @@ from channels.layers import get_channel_layer
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
-from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from dashboard.choices import AlertSeverity, AlertStatus, DeploymentState, NotificationStatus
 from dashboard.detect import INCIDENT, Problem
-from dashboard.forms import DeployForm
+from dashboard.jobs import DeliverNotifications, Job
 from dashboard.live import FLEET_GROUP
-from dashboard.models import Alert, AlertEvent, Channel, Deployment, Node, Notification, PlanRequest
+from dashboard.models import Alert, AlertEvent, Channel, Deployment, Node, Notification
 from dashboard.transports import TransportError, transport_for
 
 log = logging.getLogger(__name__)
@@ -39,21 +38,22 @@ CONTENT_FIELDS = ("kind", "severity", "title", "cause", "remedy", "evidence", "a
 def raise_alert(*, key: str, kind: str, title: str, cause: str, remedy: str,
                 severity: str = AlertSeverity.CRITICAL, evidence: dict[str, Any] | None = None,
                 actions: dict[str, Any] | None = None, deployment: Deployment | None = None,
-                node: Node | None = None) -> Alert:
-    """Open the alert for `key`, or refresh the unresolved one (evidence and text; no event, no mail)."""
+                node: Node | None = None, batch: Batch | None = None) -> Alert:
+    """Open the alert for `key`, or refresh the unresolved one (evidence and text; no event, no mail).
+    Notifications of an opened alert are delivered by the caller queuing `batch.jobs()`, else by the beat."""
     content = {"kind": kind, "severity": severity, "title": title, "cause": cause, "remedy": remedy,
                "evidence": evidence or {}, "actions": actions or {}, "deployment": deployment, "node": node}
     check_alert_input(key, content)
     existing = Alert.objects.unresolved().filter(key=key).first()
     if existing is not None:
         return refresh(existing, content)
-    return open_alert(key, content)
+    return open_alert(key, content, batch)
 
 
 @dataclass
 class Batch:
-    """State changes made together (one evaluation): the operators' channels are looked up once and one
-    delivery task is queued at the end, not one per alert."""
+    """State changes made together (one evaluation, or one operator's click): the operators' channels are
+    looked up once, and the caller queues one delivery at the end (`jobs`, once committed), not one per alert."""
 
     channels: list[Channel] | None = None
     notified: bool = False
@@ -63,9 +63,8 @@ class Batch:
             self.channels = operator_channels()
         return self.channels
 
-    def finish(self) -> None:
-        if self.notified:
-            queue_delivery()
+    def jobs(self) -> list[Job]:
+        return [DeliverNotifications()] if self.notified else []
 
 
 def open_alert(key: str, content: dict[str, Any], batch: Batch | None = None) -> Alert:
@@ -80,11 +79,11 @@ def open_alert(key: str, content: dict[str, Any], batch: Batch | None = None) ->
     return alert
 
 
-def sync(problems: list[Problem], judged: set[str]) -> None:
+def sync(problems: list[Problem], judged: set[str]) -> list[Job]:
     """Make the alerts match what the rules see now (evaluate_fleet): open an alert for each new problem,
     refresh the ongoing ones, resolve those whose problem is gone. Ongoing problems cost a fixed number of
     queries however many there are (one lookup, one update of the confirmation time, one bulk update of the
-    alerts whose content changed); opening and resolving cost queries per alert."""
+    alerts whose content changed); opening and resolving cost queries per alert. Returns the delivery to queue."""
     unresolved = {alert.key: alert for alert in open_alerts()}
     now, changed_rows, batch = timezone.now(), [], Batch()
     for problem in problems:
@@ -108,7 +107,7 @@ def sync(problems: list[Problem], judged: set[str]) -> None:
         reason = resolution(alert, found, judged)
         if reason:
             resolve_alert(alert.key, reason, batch)
-    batch.finish()
+    return batch.jobs()
 
 
 def problem_content(p: Problem) -> dict[str, Any]:
@@ -159,32 +158,14 @@ def open_alerts(kind: str | None = None) -> QuerySet[Alert]:
     return alerts.filter(kind=kind) if kind else alerts
 
 
-def acknowledge(alert: Alert, user: Any) -> AlertEvent | None:
+def acknowledge(alert: Alert, user: Any, batch: Batch | None = None) -> AlertEvent | None:
     """An operator is on it: the alert stays until resolved but stops asking. None if it was not open."""
     with transaction.atomic():
         event = alert.move_to(AlertStatus.ACKNOWLEDGED, f"acknowledged by {user.get_username()}",
                               acknowledged=timezone.now(), acknowledged_by=user)
         if event is not None:
-            changed(alert, event)
+            changed(alert, event, batch)
     return event
-
-
-def replan(alert: Alert, user: Any) -> PlanRequest:
-    """Turn the alert's re-plan suggestion into a plan request, checked like the deploy form checks one."""
-    fields = alert.replan_fields()
-    if not fields:
-        raise ValueError(f"alert {alert.pk} offers no re-plan")
-    form = DeployForm(data={"model": fields.get("model_ref", ""), "max_model_len": fields.get("max_model_len"),
-                            "concurrency": fields.get("concurrency", 1), "node": fields.get("node") or "",
-                            "backend": fields.get("backend") or "", "gpus": fields.get("gpus") or "",
-                            "tp": fields.get("tp") or ""})
-    if not form.is_valid():
-        problems = "; ".join(f"{name}: {' '.join(errors)}" for name, errors in form.errors.items())
-        raise ValueError(f"the re-plan suggestion of alert {alert.pk} is not a valid request: {problems}")
-    d = form.cleaned_data
-    return PlanRequest.objects.create(created_by=user, model_ref=d["model"], max_model_len=d["max_model_len"],
-                                      concurrency=d["concurrency"], node=d["node"], backend=d["backend"],
-                                      gpus=d["gpus"], tp=d["tp"])
 
 
 def check_alert_input(key: str, content: dict[str, Any]) -> None:
@@ -215,11 +196,10 @@ def refresh(alert: Alert, content: dict[str, Any]) -> Alert:
 
 
 def changed(alert: Alert, event: AlertEvent, batch: Batch | None = None) -> None:
-    """After a state change: queue the notifications, then (once committed) deliver and tell the browsers."""
+    """After a state change: queue the notifications (the batch's jobs deliver them; without a batch, the beat
+    sweep does), then (once committed) tell the browsers."""
     rows = queue_notifications(alert, event, batch.subscribed() if batch else operator_channels())
-    if batch is None:
-        transaction.on_commit(queue_delivery)
-    else:
+    if batch is not None:
         batch.notified = batch.notified or bool(rows)
     summary = alert.summary()
     transaction.on_commit(lambda: announce(summary))
@@ -234,15 +214,6 @@ def queue_notifications(alert: Alert, event: AlertEvent, channels: list[Channel]
     rows = [Notification(alert=alert, event=event, channel=channel) for channel in channels
             if not transport_for(channel).is_noop(event)]
     return Notification.objects.bulk_create(rows)
-
-
-def queue_delivery() -> None:
-    from dashboard.tasks import deliver_notifications
-
-    try:
-        deliver_notifications.delay()
-    except (OperationalError, OSError) as exc:  # the beat sweep delivers the rows once the broker is back
-        log.warning("could not queue alert delivery: %s", exc)
 
 
 def announce(summary: dict[str, Any]) -> None:

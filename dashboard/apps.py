@@ -7,6 +7,9 @@ class DashboardConfig(AppConfig):
     verbose_name = "Fleet"
 
     def ready(self) -> None:
+        # Imported here, not at the top: Django loads an app's models only once the app registry is ready.
+        # dashboard.live connects the receivers that close a revoked token's agent sockets.
+        from dashboard import live  # noqa: F401
         from dashboard.roles import sync_roles
 
         post_migrate.connect(sync_roles, sender=self, dispatch_uid="dashboard.sync_roles")

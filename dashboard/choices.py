@@ -97,6 +97,18 @@ class DeploymentState(ChoiceSet):
     REPORTED: tuple[str, ...] = get_args(ReportedState)
 
 
+class DesiredState(ChoiceSet):
+    """What the operator asked of a deployment (Deployment.desired), whatever state it is in now: one asked to
+    stop is never launched again by a retry, a resend or a reconnecting agent."""
+
+    RUNNING = "running"
+    STOPPED = "stopped"
+    CHOICES = [
+        (RUNNING, "Running", "green"),
+        (STOPPED, "Stopped", "gray"),
+    ]
+
+
 class AlertStatus(ChoiceSet):
     OPEN = "open"
     ACKNOWLEDGED = "acknowledged"

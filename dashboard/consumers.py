@@ -1,22 +1,43 @@
-"""Websocket consumers: the agent endpoint and the browsers' live feed. Thin: rules live in ingest.py."""
+"""Websocket consumers: the agent endpoint and the browsers' live feed. Thin: rules live in ingest.py.
+
+Where an agent's frame goes: `AgentConsumer` validates it (agents.protocol) and hands it to this process's
+`ingest_buffer()`, which writes it to the database (ingest.store_batch), then queues the tasks its report
+calls for (tasks.enqueue: a multi-node head up or failed), then passes the stored samples and deployment
+summaries to the browsers' fan-out (live.FleetFanout, one "fleet" tick per FANOUT_SECONDS), then acks the
+agent.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+import weakref
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 from django.db import DatabaseError
 from redis.exceptions import RedisError
 
 from agents import protocol
-from dashboard import browser_json, deploy, ingest
+from dashboard import browser_json, deploy, ingest, tasks
 from dashboard.choices import NodeStatus
-from dashboard.live import FLEET_GROUP, agent_group, announce_node
+from dashboard.live import FLEET_GROUP, FleetFanout, agent_group, announce_node
 from dashboard.models import AgentToken, Node
 
 log = logging.getLogger(__name__)
+_buffers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ingest.IngestBuffer] = weakref.WeakKeyDictionary()
+
+
+def ingest_buffer() -> ingest.IngestBuffer:
+    """The ingest buffer of this process's event loop (shared by all its agent connections), created on first
+    use: stored reports' follow-up tasks go to the broker, stored samples to the browsers' fan-out."""
+    loop = asyncio.get_running_loop()
+    if loop not in _buffers:
+        fanout = FleetFanout(settings.FANOUT_SECONDS)
+        _buffers[loop] = ingest.IngestBuffer(queue_jobs=tasks.enqueue, listeners=[fanout.record])
+    return _buffers[loop]
 
 
 def bearer_token(scope: dict) -> str:
@@ -98,7 +119,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             self.accepted_at = now
 
     async def hello(self, message: protocol.Hello) -> None:
-        buffer = ingest.ingest_buffer()
+        buffer = ingest_buffer()
         await buffer.flush()  # whatever an earlier connection of this agent still has in flight
         node = await database_sync_to_async(Node.objects.get)(pk=self.node.pk)
         watermark_moved = node.last_seen or node.created
@@ -145,7 +166,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.accepted_seq = message.seq
         pending = ingest.Pending(self.node.pk, message.seq, rows, logs, self.acknowledge, report, sampled_at,
                                  on_failed=self.not_stored)
-        ingest.ingest_buffer().add(pending)
+        ingest_buffer().add(pending)
 
     async def acknowledge(self, seq: int) -> None:
         self.stored_seq = max(self.stored_seq, seq)

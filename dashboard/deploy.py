@@ -15,8 +15,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from agents import protocol
-from dashboard.choices import DeploymentState, PlanStatus
+from dashboard.choices import DeploymentState, DesiredState, PlanStatus
 from dashboard.fleet import latest_samples
+from dashboard.jobs import Job, LaunchMembers, StopProcesses
 from dashboard.models import Deployment, DeploymentEvent, DeploymentMember, Node, PlanRequest
 from dashboard.models.deployments import member_failure_text
 from placement import PlacementError, Request, load_cluster, plan
@@ -121,12 +122,11 @@ def desired_launches(node: Node) -> list[str]:
     return [protocol.dump(d.launch_command()) for d in active] + [json.dumps(m.launch) for m in members]
 
 
-# Simulated nodes have no GPUs to run vLLM on: a GGUF plan runs on the real llama.cpp engine on the CPU
-# (llama-cpp-python), anything else (and anything across nodes) on the simulated backend at the rate the
-# planner predicted.
-def runtime_backend(plan_backend: str, node: Node, model_ref: str, multi_node: bool = False) -> str:
-    if not node.simulated:
-        return plan_backend
+def stand_in_on_simulated_node(plan_backend: str, model_ref: str, multi_node: bool) -> str:
+    """The backend that runs in place of the plan's on a simulated node, which has no GPU to run vLLM, SGLang
+    or llama.cpp's GPU build on: a single-node GGUF plan runs on the real llama.cpp engine on the CPU
+    (llama-cpp-python), anything else (and anything across nodes) on the simulated backend at the rate the
+    planner predicted. The launch records it, and the deployment page says "the plan's X runs as Y"."""
     if plan_backend in ("llama.cpp", "ollama") and model_ref.lower().endswith(".gguf") and not multi_node:
         return "llama-cpp-python"
     return "simulated"
@@ -142,7 +142,7 @@ def launch_for(deployment_id: str, plan: Plan, node: Node, model_ref: str) -> pr
     """The agent command for a chosen plan (on a multi-node plan: the head's, `node`).
     Raises DeployError for what cannot be sent."""
     multi = plan.multi_node
-    backend = runtime_backend(plan.backend, node, model_ref, multi)
+    backend = stand_in_on_simulated_node(plan.backend, model_ref, multi) if node.simulated else plan.backend
     if multi and backend not in MULTI_NODE_BACKENDS:
         raise DeployError(f"{plan.backend} across nodes (llama.cpp RPC) cannot be launched by layercake: start "
                           f"rpc-server on the other nodes and run the plan's commands by hand")
@@ -221,36 +221,38 @@ def plan_nodes(plan_data: Plan) -> list[Node]:
 
 
 # ---- multi-node: the head first, then the others join it ---------------------------------------------------
-def follow_head(deployment: Deployment, status: protocol.DeploymentStatus) -> None:
+def follow_head(deployment: Deployment, status: protocol.DeploymentStatus) -> list[Job]:
     """A multi-node head that is up reports its rendezvous port; then the other nodes are launched to join it.
-    A head that failed takes the others down: they would wait for it in NCCL until a timeout."""
-    if status.state == DeploymentState.FAILED and deployment.desired == "running" and deployment.members.exists():
-        transaction.on_commit(lambda: _queue("stop_processes", deployment.pk))
-        return
-    if status.dist_port is None or status.state not in DeploymentState.ACTIVE or deployment.desired != "running":
-        return
+    A head that failed takes the others down: they would wait for it in NCCL until a timeout.
+    Returns the tasks to queue once the caller's transaction commits."""
+    if status.state == DeploymentState.FAILED and deployment.desired == DesiredState.RUNNING and deployment.members.exists():
+        return [StopProcesses(deployment.pk)]
+    if status.dist_port is None or status.state not in DeploymentState.ACTIVE or deployment.desired != DesiredState.RUNNING:
+        return []
     if status.dist_port == deployment.dist_port:
-        return
+        return []
     deployment.dist_port = status.dist_port
     deployment.save(update_fields=["dist_port"])
-    transaction.on_commit(lambda: _queue("launch_members", deployment.pk))
+    return [LaunchMembers(deployment.pk)]
 
 
-def apply_member_status(deployment: Deployment, member: DeploymentMember, status: protocol.DeploymentStatus) -> None:
+def apply_member_status(deployment: Deployment, member: DeploymentMember,
+                        status: protocol.DeploymentStatus) -> list[Job]:
     """A further node reported. Its failure fails the deployment, and the rest are stopped: a model split
-    across nodes cannot run with a node missing (the survivors would wait in NCCL until a timeout)."""
-    if deployment.desired == "stopped" and status.state not in (DeploymentState.STOPPED, DeploymentState.FAILED):
-        return
+    across nodes cannot run with a node missing (the survivors would wait in NCCL until a timeout).
+    Returns the tasks to queue once the caller's transaction commits."""
+    if deployment.desired == DesiredState.STOPPED and status.state not in (DeploymentState.STOPPED, DeploymentState.FAILED):
+        return []
     asked_to_stop = member.state == DeploymentState.STOPPING
     member.apply_status(status)
-    if status.state != DeploymentState.FAILED or deployment.desired != "running" or asked_to_stop:
-        return
+    if status.state != DeploymentState.FAILED or deployment.desired != DesiredState.RUNNING or asked_to_stop:
+        return []
     said = f"node {member.node.name} (rank {member.rank}) failed: {status.detail or 'no detail'}"
     if deployment.state == DeploymentState.FAILED:  # the head noticed first (a lost peer breaks its NCCL)
         deployment.move_to(DeploymentState.FAILED, member_failure_text(said, deployment.detail))
-        return
+        return []
     deployment.move_to(DeploymentState.FAILED, said)
-    transaction.on_commit(lambda: _queue("stop_processes", deployment.pk))
+    return [StopProcesses(deployment.pk)]
 
 
 def member_commands(deployment: Deployment) -> list[tuple[DeploymentMember, list[str]]]:
@@ -281,8 +283,8 @@ def lost_launches(now: datetime, grace_s: float) -> tuple[list[Deployment], list
     launch, and the broker gives the task back only after its visibility timeout."""
     waiting = {"state": DeploymentState.LAUNCHING, "pid__isnull": True,
                "state_since__lt": now - timedelta(seconds=grace_s)}
-    heads = Deployment.objects.filter(desired="running", **waiting).select_related("node")
-    members = DeploymentMember.objects.filter(deployment__desired="running", launch__isnull=False, **waiting)
+    heads = Deployment.objects.filter(desired=DesiredState.RUNNING, **waiting).select_related("node")
+    members = DeploymentMember.objects.filter(deployment__desired=DesiredState.RUNNING, launch__isnull=False, **waiting)
     return list(heads), list(members.select_related("node", "deployment"))
 
 
@@ -295,12 +297,6 @@ def note_resent(target: Deployment | DeploymentMember, now: datetime) -> None:
     deployment = target.deployment if who else target
     if not deployment.events.filter(t__gte=target.state_since, detail__startswith=who + RESENT).exists():
         DeploymentEvent.objects.create(deployment=deployment, state=DeploymentState.LAUNCHING, detail=who + detail)
-
-
-def _queue(task_name: str, deployment_id: str) -> None:
-    from dashboard import tasks  # tasks import this module
-
-    getattr(tasks, task_name).delay(deployment_id)
 
 
 # ---- plan requests whose worker died -----------------------------------------------------------------------

@@ -18,7 +18,7 @@ from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from agents.logscan import PHASES, LogScanner, Verdict
-from dashboard.choices import DeploymentState
+from dashboard.choices import DeploymentState, DesiredState
 from dashboard.fleet import log_tail
 from dashboard.models import Alert, Deployment, GpuSample, LogChunk, Node
 
@@ -203,7 +203,7 @@ def startup_cause(d: Deployment, phase: str) -> tuple[str, str, dict[str, Any]]:
 
 
 def crashed(d: Deployment, verdict: Verdict, lines: list[str]) -> Problem | None:
-    if d.state != DeploymentState.FAILED or d.desired != "running":
+    if d.state != DeploymentState.FAILED or d.desired != DesiredState.RUNNING:
         return None
     reason = f"exit code {d.exit_code}" if d.exit_code is not None else "the process is gone"
     first = verdict.findings[0] if verdict.findings else None

@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from django import forms
 
-from dashboard.models import Node
+from dashboard.models import Alert, Node, PlanRequest
 
 BACKENDS = [("", "any"), ("vllm", "vLLM"), ("sglang", "SGLang"), ("llama.cpp", "llama.cpp"), ("ollama", "Ollama")]
 
@@ -53,3 +54,27 @@ class DeployForm(forms.Form):
         if data.get("config") and not data.get("model"):
             data["model"] = str(data["config"].get("_name_or_path") or "uploaded-model")
         return data
+
+    def save(self, user: Any) -> PlanRequest:
+        """The plan request of a valid form (the deploy page, an alert's re-plan); the caller queues planning."""
+        d = self.cleaned_data
+        return PlanRequest.objects.create(
+            created_by=user, model_ref=d["model"], config=d["config"], max_model_len=d["max_model_len"],
+            concurrency=d["concurrency"], node=d["node"], backend=d["backend"], gpus=d["gpus"], tp=d["tp"])
+
+    def problems(self) -> str:
+        return "; ".join(f"{name}: {' '.join(errors)}" for name, errors in self.errors.items())
+
+
+def replan_request(alert: Alert, user: Any) -> PlanRequest:
+    """Turn the alert's re-plan suggestion into a plan request, checked like the deploy form checks one."""
+    fields = alert.replan_fields()
+    if not fields:
+        raise ValueError(f"alert {alert.pk} offers no re-plan")
+    form = DeployForm(data={"model": fields.get("model_ref", ""), "max_model_len": fields.get("max_model_len"),
+                            "concurrency": fields.get("concurrency", 1), "node": fields.get("node") or "",
+                            "backend": fields.get("backend") or "", "gpus": fields.get("gpus") or "",
+                            "tp": fields.get("tp") or ""})
+    if not form.is_valid():
+        raise ValueError(f"the re-plan suggestion of alert {alert.pk} is not a valid request: {form.problems()}")
+    return form.save(user)

@@ -12,7 +12,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,6 +33,7 @@ from django.utils import timezone
 
 from agents.protocol import DeploymentStatus, GpuReading, Hello, LogTail, Metrics, ProtocolError, Samples
 from dashboard import deploy
+from dashboard.jobs import Job
 from dashboard.models import Deployment, Gpu, GpuSample, Link, LogChunk, Node
 
 log = logging.getLogger(__name__)
@@ -194,8 +194,9 @@ class Pending:
     on_stored: AckCallback
     report: DeploymentStatus | Metrics | None = None
     sampled_at: float = 0.0  # the rows' sample time, seconds since the epoch (for the live pages)
-    # Filled in when stored: the deployment's summary for the live pages.
+    # Filled in when stored: the deployment's summary for the live pages, and the tasks its report calls for.
     deployment_summary: dict | None = None
+    jobs: list[Job] = field(default_factory=list)
     # Told when the item was not stored (`refused` or `retry` says why); without one it is only logged.
     on_failed: FailCallback | None = None
     refused: str = ""  # the database refused this item's data: it never will be stored
@@ -215,8 +216,13 @@ class Pending:
 
 @dataclass
 class IngestBuffer:
-    """Per-process write-behind buffer shared by all agent connections of this server process."""
+    """Per-process write-behind buffer shared by all agent connections of this server process.
 
+    `queue_jobs` gets the follow-up tasks of the reports once they are committed (in the database thread);
+    `listeners` get the stored items on the event loop. The agent consumer wires both (consumers.py).
+    """
+
+    queue_jobs: Callable[[list[Job]], None]
     flush_seconds: float = field(default_factory=lambda: settings.INGEST_FLUSH_SECONDS)
     max_rows: int = 5000
     pending: list[Pending] = field(default_factory=list)
@@ -245,7 +251,7 @@ class IngestBuffer:
             if not batch:
                 return
             try:
-                await sync_to_async(store_batch)(batch)
+                await sync_to_async(self._store)(batch)
             except Exception:  # a bug, not the data: store nothing, ack nothing, the agents send it all again
                 log.exception("storing %d items failed; their agents will send them again", len(batch))
                 for item in batch:
@@ -255,6 +261,12 @@ class IngestBuffer:
             for listener in self.listeners:
                 listener(stored)
             await asyncio.gather(*(item.settle() for item in batch), return_exceptions=True)
+
+    def _store(self, batch: list[Pending]) -> None:
+        store_batch(batch)
+        jobs = [job for item in batch if item.stored for job in item.jobs]
+        if jobs:
+            self.queue_jobs(jobs)
 
     def _after_retries(self, batch: list[Pending]) -> list[Pending]:
         """Take out what an agent sent after an item it must send again: storing it would leave a gap that
@@ -292,7 +304,7 @@ def store_batch(batch: list[Pending]) -> None:
 def _store_one_by_one(batch: list[Pending]) -> None:
     blocked: set[int] = set()  # nodes with an item to be sent again: nothing after it may be stored
     for item in batch:
-        item.deployment_summary = None  # computed in the transaction that was rolled back
+        item.deployment_summary, item.jobs = None, []  # computed in the transaction that was rolled back
         if item.node_id in blocked:
             item.retry = True
             continue
@@ -319,44 +331,37 @@ def _store(batch: list[Pending]) -> None:
     LogChunk.objects.bulk_create([r for i in batch for r in i.logs], batch_size=500)
     for item in batch:
         if item.report is not None:
-            item.deployment_summary = apply_report(item.node_id, item.report)
+            item.deployment_summary, item.jobs = apply_report(item.node_id, item.report)
     _advance_watermarks(highest)
 
 
-def apply_report(node_id: int, report: DeploymentStatus | Metrics) -> dict | None:
-    """A deployment status or metrics report from an agent, applied in sequence order with the samples."""
+def apply_report(node_id: int, report: DeploymentStatus | Metrics) -> tuple[dict | None, list[Job]]:
+    """A deployment status or metrics report from an agent, applied in sequence order with the samples.
+    Returns the deployment's summary for the live pages and the tasks to queue once it is committed."""
     deployment = Deployment.objects.filter(pk=report.deployment).first()
     if deployment is not None and deployment.node_id != node_id:
         return _apply_member_report(deployment, node_id, report)
     if deployment is None:
         log.warning("node %s reported on unknown deployment %s", node_id, report.deployment)
-        return None
+        return None, []
+    jobs = []
     if isinstance(report, DeploymentStatus):
         deployment.apply_status(report)
-        deploy.follow_head(deployment, report)
+        jobs = deploy.follow_head(deployment, report)
     else:
         deployment.record_metrics(report.t, report.counters)
-    return deployment_summary(deployment)
+    return deployment.summary(), jobs
 
 
-def _apply_member_report(deployment: Deployment, node_id: int, report: DeploymentStatus | Metrics) -> dict | None:
+def _apply_member_report(deployment: Deployment, node_id: int,
+                         report: DeploymentStatus | Metrics) -> tuple[dict | None, list[Job]]:
     """A further node of a multi-node deployment; it serves no API, so only its status counts."""
     member = deployment.members.filter(node_id=node_id).select_related("node").first()
     if member is None:
         log.warning("node %s reported on deployment %s, which does not run there", node_id, deployment.pk)
-        return None
-    if isinstance(report, DeploymentStatus):
-        deploy.apply_member_status(deployment, member, report)
-    return deployment_summary(deployment)
-
-
-def deployment_summary(deployment: Deployment) -> dict:
-    """What the live pages show of a deployment (sent in fleet ticks)."""
-    counters = deployment.last_counters or {}
-    return {"id": deployment.pk, "node": deployment.node_id, "state": deployment.state,
-            "label": deployment.state_label(), "progress": deployment.progress,
-            "tokens_per_s": deployment.tokens_per_s, "t": deployment.last_counters_t,
-            "running": counters.get("requests_running"), "waiting": counters.get("requests_waiting")}
+        return None, []
+    jobs = deploy.apply_member_status(deployment, member, report) if isinstance(report, DeploymentStatus) else []
+    return deployment.summary(), jobs
 
 
 def insert_samples(rows: list[SampleRow]) -> None:
@@ -388,18 +393,3 @@ def _table(model: type[models.Model]) -> str:
 
 def _columns(fields: list[models.Field], suffix: str = "") -> str:
     return ", ".join(connection.ops.quote_name(f.column) + suffix for f in fields)
-
-
-_buffers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, IngestBuffer] = weakref.WeakKeyDictionary()
-
-
-def ingest_buffer() -> IngestBuffer:
-    """The buffer of this process's event loop, created on first use with the live fan-out attached."""
-    loop = asyncio.get_running_loop()
-    if loop not in _buffers:
-        from dashboard.live import FleetFanout
-
-        buffer = IngestBuffer()
-        buffer.listeners.append(FleetFanout.for_loop(loop).record)
-        _buffers[loop] = buffer
-    return _buffers[loop]

@@ -14,21 +14,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.conf import settings
+from django.db import transaction
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
 from redis.exceptions import RedisError
 
 from dashboard import browser_json
-
-if TYPE_CHECKING:
-    from dashboard.ingest import Pending
+from dashboard.models import AgentToken
 
 FLEET_GROUP = "fleet"
 log = logging.getLogger(__name__)
+
+
+class StoredItem(Protocol):
+    """What the fan-out reads of an item the ingest buffer stored (ingest.Pending; a protocol, so that this
+    module, which ingest's callers use, does not import ingest)."""
+
+    node_id: int
+    rows: list[Any]
+    sampled_at: float
+    deployment_summary: dict | None
 
 
 def agent_group(node_id: int) -> str:
@@ -75,7 +84,7 @@ def fleet_update(nodes: list[dict[str, Any]], deployments: list[dict[str, Any]])
 
 
 class FleetFanout:
-    _instances: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FleetFanout] = weakref.WeakKeyDictionary()
+    """One per server process (event loop): the agent consumer attaches it to the ingest buffer."""
 
     def __init__(self, period: float) -> None:
         self.period = period
@@ -84,13 +93,7 @@ class FleetFanout:
         self._task: asyncio.Task | None = None
         self._last_sent = 0.0
 
-    @classmethod
-    def for_loop(cls, loop: asyncio.AbstractEventLoop) -> FleetFanout:
-        if loop not in cls._instances:
-            cls._instances[loop] = cls(settings.FANOUT_SECONDS)
-        return cls._instances[loop]
-
-    def record(self, batch: list[Pending]) -> None:
+    def record(self, batch: list[StoredItem]) -> None:
         """Keep the newest sample per GPU from a stored batch; called by the ingest buffer."""
         for item in batch:
             if item.deployment_summary is not None:
@@ -113,6 +116,23 @@ class FleetFanout:
         nodes, self.latest = list(self.latest.values()), {}
         deployments, self.deployments = list(self.deployments.values()), {}
         await get_channel_layer().group_send(FLEET_GROUP, fleet_update(nodes, deployments))
+
+
+@receiver(post_save, sender=AgentToken)
+def close_sockets_of_revoked_token(sender: type[AgentToken], instance: AgentToken, **kwargs: object) -> None:
+    """A revoked token stops working at once, not at the agent's next connection."""
+    if instance.revoked is not None:
+        _close_sockets_after_commit(instance)
+
+
+@receiver(post_delete, sender=AgentToken)
+def close_sockets_of_deleted_token(sender: type[AgentToken], instance: AgentToken, **kwargs: object) -> None:
+    _close_sockets_after_commit(instance)
+
+
+def _close_sockets_after_commit(token: AgentToken) -> None:
+    node_id, token_id = token.node_id, token.pk
+    transaction.on_commit(lambda: close_agent_sockets(node_id, token_id))
 
 
 def close_agent_sockets(node_id: int, token_id: int) -> None:

@@ -1,8 +1,13 @@
-"""Periodic fleet housekeeping run by Celery beat."""
+"""Celery tasks: periodic fleet housekeeping run by beat, and the work views and services ask for.
+
+The only module that queues tasks: services return `jobs` for what should happen next, and their callers
+hand them to `enqueue` (see dashboard/jobs.py for why).
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 from datetime import timedelta
 
 from asgiref.sync import async_to_sync
@@ -10,13 +15,16 @@ from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from kombu.exceptions import OperationalError
 
 from agents import protocol
-from dashboard import deploy
-from dashboard.choices import DeploymentState, NodeStatus
-from dashboard.ingest import deployment_summary
+from dashboard import alerts, deploy, detect
+from dashboard.choices import DeploymentState, DesiredState, NodeStatus
+from dashboard.jobs import DeliverNotifications, Job, LaunchMembers, StopProcesses
 from dashboard.live import agent_group, announce_deployment, announce_node, announce_plan
 from dashboard.models import Deployment, GpuSample, LogChunk, Node
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(ignore_result=False)
@@ -66,7 +74,7 @@ def launch_deployment(deployment_id: str) -> str:
     with transaction.atomic():  # the row lock keeps an operator's Stop from landing between check and move
         deployment = Deployment.objects.select_for_update(of=("self",)).select_related("node").get(pk=deployment_id)
         if deployment.state not in (DeploymentState.PLANNED, DeploymentState.LAUNCHING) or \
-                deployment.desired != "running":
+                deployment.desired != DesiredState.RUNNING:
             return deployment.state
         deployment.move_to(DeploymentState.LAUNCHING, f"launch sent to {deployment.node.name}")
     send_to_agent(deployment, protocol.dump(deployment.launch_command()))
@@ -77,7 +85,7 @@ def launch_deployment(deployment_id: str) -> str:
 def launch_members(deployment_id: str) -> int:
     """Multi-node: the head reported its rendezvous port; launch the other nodes to join it."""
     deployment = Deployment.objects.select_related("node").get(pk=deployment_id)
-    if deployment.desired != "running" or deployment.dist_port is None:
+    if deployment.desired != DesiredState.RUNNING or deployment.dist_port is None:
         return 0
     commands = deploy.member_commands(deployment)
     for member, frames in commands:
@@ -106,9 +114,9 @@ def resend_lost_launches() -> int:
 def stop_deployment(deployment_id: str) -> str:
     deployment = Deployment.objects.select_related("node").get(pk=deployment_id)
     if deployment.state in (DeploymentState.STOPPED, DeploymentState.FAILED):
-        deployment.move_to(DeploymentState.STOPPED, "stopped by the operator", desired="stopped")
+        deployment.move_to(DeploymentState.STOPPED, "stopped by the operator", desired=DesiredState.STOPPED)
     else:
-        deployment.move_to(DeploymentState.STOPPING, "stop sent to the agent", desired="stopped")
+        deployment.move_to(DeploymentState.STOPPING, "stop sent to the agent", desired=DesiredState.STOPPED)
     stop_processes(deployment_id)
     return deployment.state
 
@@ -131,7 +139,7 @@ def restart_deployment(deployment_id: str) -> str:
     # pid cleared: a restart that never reaches the agent is then re-sent as a launch (resend_lost_launches),
     # which an agent whose old server still runs answers with "already running".
     deployment.move_to(DeploymentState.LAUNCHING, "restart sent to the agent", exit_code=None, progress=None,
-                       pid=None, desired="running")
+                       pid=None, desired=DesiredState.RUNNING)
     send_to_agent(deployment, protocol.dump(protocol.Restart(type="restart", v=1, deployment=deployment.pk)))
     for member in deployment.members.select_related("node"):  # they rejoin the new head once it reports its port
         member.move_to(DeploymentState.STOPPING, "stopped for the restart")
@@ -142,7 +150,7 @@ def restart_deployment(deployment_id: str) -> str:
 def send_to_agent(deployment: Deployment, frame: str) -> None:
     """Hand a command to the head node's agent (if it is connected; on reconnect it gets its launches again)."""
     send_to_node(deployment.node_id, frame)
-    async_to_sync(announce_deployment)(deployment_summary(deployment))
+    async_to_sync(announce_deployment)(deployment.summary())
 
 
 def send_to_node(node_id: int, frame: str) -> None:
@@ -155,16 +163,31 @@ def send_to_node(node_id: int, frame: str) -> None:
 @shared_task(ignore_result=True)
 def evaluate_fleet() -> int:
     """Open an alert for every problem found now; resolve the alerts whose problem is gone."""
-    from dashboard import alerts, detect
-
     problems, judged = detect.fleet_problems()
-    alerts.sync(problems, judged)
+    enqueue(alerts.sync(problems, judged))
     return len(problems)
 
 
 @shared_task(ignore_result=False)
 def deliver_notifications() -> int:
     """Send the due alert notifications; any number of workers may run this at once (rows are claimed)."""
-    from dashboard import alerts
-
     return alerts.deliver_pending()
+
+
+def enqueue(jobs: list[Job]) -> None:
+    """Queue the tasks a service asked for (called once its transaction committed)."""
+    for job in jobs:
+        match job:
+            case LaunchMembers(deployment_id):
+                launch_members.delay(deployment_id)
+            case StopProcesses(deployment_id):
+                stop_processes.delay(deployment_id)
+            case DeliverNotifications():
+                queue_delivery()
+
+
+def queue_delivery() -> None:
+    try:
+        deliver_notifications.delay()
+    except (OperationalError, OSError) as exc:  # the beat sweep delivers the rows once the broker is back
+        log.warning("could not queue alert delivery: %s", exc)

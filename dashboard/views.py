@@ -8,11 +8,10 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from dashboard import deploy, fleet, roles, tasks
+from dashboard import deploy, fleet, read, roles, tasks
 from dashboard.browser_json import json_response
 from dashboard.forms import DeployForm
 from dashboard.models import Deployment, Node, PlanRequest
-from placement.plan_model import Plan
 
 
 @login_required
@@ -50,10 +49,7 @@ def node_history(request: HttpRequest, name: str) -> HttpResponse:
 def deploy_page(request: HttpRequest) -> HttpResponse:
     form = DeployForm(request.POST or None, request.FILES or None, initial=request.GET or None)
     if request.method == "POST" and form.is_valid():
-        d = form.cleaned_data
-        row = PlanRequest.objects.create(
-            created_by=request.user, model_ref=d["model"], config=d["config"], max_model_len=d["max_model_len"],
-            concurrency=d["concurrency"], node=d["node"], backend=d["backend"], gpus=d["gpus"], tp=d["tp"])
+        row = form.save(request.user)
         tasks.plan_request.delay(row.pk)
         return redirect(row)
     return render(request, "dashboard/deploy.html", {"form": form})
@@ -62,27 +58,13 @@ def deploy_page(request: HttpRequest) -> HttpResponse:
 @login_required
 def plan_page(request: HttpRequest, pk: int) -> HttpResponse:
     row = get_object_or_404(PlanRequest, pk=pk)
-    return render(request, "dashboard/plans.html", plans_context(row))
+    return render(request, "dashboard/plans.html", read.plans_context(row))
 
 
 @login_required
 def plan_fragment(request: HttpRequest, pk: int) -> HttpResponse:
     row = get_object_or_404(PlanRequest, pk=pk)
-    return render(request, "dashboard/_plans.html", plans_context(row))
-
-
-def plans_context(row: PlanRequest) -> dict:
-    plans = row.plans()
-    nodes = {n.name: n for n in Node.objects.filter(name__in={name for p in plans for name in p.nodes})}
-    items = [{"number": i, "plan": p, "where": p.where_text(), "grids": _grids(p, nodes),
-              "needs_override": p.needs_override} for i, p in enumerate(plans)]
-    return {"row": row, "plans": items, "rejected": (row.result or {}).get("rejected", [])}
-
-
-def _grids(plan: Plan, nodes: dict[str, Node]) -> list[dict]:
-    grids = [(name, fleet.topology_grid(nodes[name], set(gpus)))
-             for name, gpus in plan.placements() if name in nodes]
-    return [{"node": name, **grid} for name, grid in grids if grid is not None]
+    return render(request, "dashboard/_plans.html", read.plans_context(row))
 
 
 @login_required

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from dashboard import alerts
+from dashboard import alerts, tasks
 from tests.test_browser import login
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -18,7 +18,7 @@ def shared_layer(settings, server_env, monkeypatch):
     """This test process announces through the live stack's Redis; no mail is sent here."""
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
                                            "CONFIG": {"hosts": [server_env["REDIS_URL"]]}}}
-    monkeypatch.setattr(alerts, "queue_delivery", lambda: None)
+    monkeypatch.setattr(tasks, "queue_delivery", lambda: None)
 
 
 def off_the_loop(fn, *args):

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from dashboard import alerts
+from dashboard import alerts, tasks
 from dashboard.choices import NotificationStatus
 from dashboard.models import Notification
 from dashboard.tasks import deliver_notifications
@@ -27,11 +27,14 @@ def inbox(server_env, settings):
 
 
 def raise_stall(evidence: dict) -> alerts.Alert:
-    return alerts.raise_alert(
+    batch = alerts.Batch()
+    alert = alerts.raise_alert(
         key="stall:seed", kind="stall", title="qwen on a30-seed: no tokens for 70 s with 3 request(s) in flight",
         cause="Tensor parallelism (TP=2) all-reduces across GPU0-GPU1 (SYS, P2P NS).",
         remedy="Restart with NCCL_P2P_DISABLE=1, or re-plan without tensor parallelism across these links.",
-        evidence=evidence)
+        evidence=evidence, batch=batch)
+    tasks.enqueue(batch.jobs())  # as evaluate_fleet does with what alerts.sync returns
+    return alert
 
 
 def test_it_mails_once_on_open_and_once_on_resolve_but_not_on_acknowledge(inbox, notify_worker, alice):
@@ -44,7 +47,9 @@ def test_it_mails_once_on_open_and_once_on_resolve_but_not_on_acknowledge(inbox,
     raise_stall({"log": ["still stuck"]})  # the rule sees it again: refreshed, not mailed
     alerts.acknowledge(alert, alice)
     assert deliver_notifications.delay().get(timeout=60) == 0
-    alerts.resolve_alert(alert.key, "generation resumed: 40 tokens in the last 2 s")
+    batch = alerts.Batch()
+    alerts.resolve_alert(alert.key, "generation resumed: 40 tokens in the last 2 s", batch)
+    tasks.enqueue(batch.jobs())
     opened, resolved = inbox.wait_for(2)
     assert resolved["Subject"] == f"[layercake] RESOLVED: {alert.title}"
     assert "generation resumed: 40 tokens in the last 2 s" in resolved.get_content()

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from dashboard import alerts, detect
+from dashboard import alerts, detect, tasks
 from dashboard.choices import AlertStatus
 from dashboard.models import Alert, Notification
 from dashboard.tasks import evaluate_fleet
@@ -22,7 +22,7 @@ QUERIES_PER_RUN = 25  # whatever the number of nodes; the code before grouping m
 @pytest.fixture(autouse=True)
 def quiet_settings(settings, monkeypatch):
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    monkeypatch.setattr(alerts, "queue_delivery", lambda: None)  # the test delivers itself
+    monkeypatch.setattr(tasks, "queue_delivery", lambda: None)  # the test delivers itself
 
 
 @pytest.fixture

@@ -108,7 +108,7 @@ def test_it_names_what_is_wrong_with_bad_alert_input(fields, message):
 
 
 def test_it_tells_browsers_when_an_alert_opens_and_resolves(alice, django_capture_on_commit_callbacks, monkeypatch):
-    monkeypatch.setattr(alerts, "queue_delivery", lambda: None)
+    monkeypatch.setattr(tasks, "queue_delivery", lambda: None)
     layer = get_channel_layer()
     channel = async_to_sync(layer.new_channel)()
     async_to_sync(layer.group_add)(FLEET_GROUP, channel)

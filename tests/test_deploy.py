@@ -7,6 +7,7 @@ import pytest
 from agents import protocol
 from dashboard import deploy, tasks
 from dashboard.choices import DeploymentState, PlanStatus
+from dashboard.jobs import LaunchMembers, StopProcesses
 from dashboard.models import Deployment, Node, PlanRequest
 from placement import load_cluster
 from tests.personas import seed_server, sim_node
@@ -166,15 +167,14 @@ def test_it_makes_a_head_launch_and_a_member_per_further_node(alice):
     assert member.launch is None  # it waits for the head's rendezvous port
 
 
-def test_it_launches_the_other_nodes_once_the_head_reports_its_port(alice, settings, django_capture_on_commit_callbacks):
+def test_it_launches_the_other_nodes_once_the_head_reports_its_port(alice, settings):
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     deployment = across_both(alice)
-    with django_capture_on_commit_callbacks() as queued:
-        deployment.apply_status(status(deployment.pk, "loading"))
-        deploy.follow_head(deployment, status(deployment.pk, "loading"))
-    assert queued == []  # no port yet
+    deployment.apply_status(status(deployment.pk, "loading"))
+    assert deploy.follow_head(deployment, status(deployment.pk, "loading")) == []  # no port yet
     deployment.apply_status(status(deployment.pk, "loading", dist_port=29517))
-    deploy.follow_head(deployment, status(deployment.pk, "loading", dist_port=29517))
+    assert deploy.follow_head(deployment, status(deployment.pk, "loading", dist_port=29517)) == [
+        LaunchMembers(deployment.pk)]
     assert tasks.launch_members(deployment.pk) == 1
     member = deployment.members.get()
     launch = protocol.Launch.model_validate(member.launch)
@@ -190,11 +190,13 @@ def test_it_fails_the_deployment_when_another_node_fails_but_not_when_it_was_ask
     deployment = across_both(alice)
     member = deployment.members.select_related("node").get()
     member.move_to(DeploymentState.STOPPING, "stopped for the restart")
-    deploy.apply_member_status(deployment, member, status(deployment.pk, "failed", exit_code=1, detail="peer lost"))
+    assert deploy.apply_member_status(deployment, member, status(deployment.pk, "failed", exit_code=1,
+                                                                 detail="peer lost")) == []
     deployment.refresh_from_db()
     assert deployment.state == DeploymentState.PLANNED
     member.move_to(DeploymentState.LOADING)
-    deploy.apply_member_status(deployment, member, status(deployment.pk, "failed", exit_code=-9, detail="SIGKILL"))
+    assert deploy.apply_member_status(deployment, member, status(deployment.pk, "failed", exit_code=-9,
+                                                                 detail="SIGKILL")) == [StopProcesses(deployment.pk)]
     deployment.refresh_from_db()
     assert deployment.state == DeploymentState.FAILED and deployment.detail == "node box-b (rank 1) failed: SIGKILL"
     deployment.apply_status(status(deployment.pk, "failed", exit_code=1, detail="NCCL error"))

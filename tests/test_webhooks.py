@@ -11,7 +11,7 @@ from ipaddress import ip_address
 import pytest
 from django.utils import timezone
 
-from dashboard import alerts, egress, roles, stack
+from dashboard import alerts, egress, roles, stack, tasks
 from dashboard.choices import ChannelKind, NotificationStatus
 from dashboard.models import Alert, Channel, Node, Notification
 from tests.e2e import wait_until
@@ -26,7 +26,7 @@ PUBLIC = "93.184.215.14"  # any global unicast address: nothing connects to it i
 def quiet_settings(settings, monkeypatch):
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     settings.WEBHOOK_ALLOWED_HOSTS = []
-    monkeypatch.setattr(alerts, "queue_delivery", lambda: None)
+    monkeypatch.setattr(tasks, "queue_delivery", lambda: None)
 
 
 @pytest.fixture

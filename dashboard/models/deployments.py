@@ -12,7 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from agents import protocol
-from dashboard.choices import DeploymentState, PlanStatus
+from dashboard.choices import DeploymentState, DesiredState, PlanStatus
 from dashboard.models.fleet import Node
 from placement.plan_model import Plan
 
@@ -76,7 +76,8 @@ class Deployment(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     detail = models.TextField(blank=True)
     # What the operator wants: "running" until they press Stop. Reports that contradict a stop are stale.
-    desired = models.CharField(max_length=10, default="running", editable=False)
+    desired = models.CharField(max_length=10, choices=DesiredState.choices(), default=DesiredState.RUNNING,
+                               editable=False)
     override_busy = models.BooleanField(default=False)
     stall_window_s = models.FloatField(default=60.0, help_text="requests in flight with no token progress "
                                        "for this long is a stall")
@@ -112,6 +113,13 @@ class Deployment(models.Model):
     def state_label(self) -> str:
         return DeploymentState.label(self.state)
 
+    def summary(self) -> dict[str, Any]:
+        """What the live pages show of a deployment (sent in fleet ticks)."""
+        counters = self.last_counters or {}
+        return {"id": self.pk, "node": self.node_id, "state": self.state, "label": self.state_label(),
+                "progress": self.progress, "tokens_per_s": self.tokens_per_s, "t": self.last_counters_t,
+                "running": counters.get("requests_running"), "waiting": counters.get("requests_waiting")}
+
     @property
     def is_active(self) -> bool:
         return self.state in DeploymentState.ACTIVE
@@ -133,7 +141,7 @@ class Deployment(models.Model):
 
     def apply_status(self, status: protocol.DeploymentStatus) -> None:
         """The agent reported on this deployment's process."""
-        if self.desired == "stopped" and status.state not in (DeploymentState.STOPPED, DeploymentState.FAILED):
+        if self.desired == DesiredState.STOPPED and status.state not in (DeploymentState.STOPPED, DeploymentState.FAILED):
             return  # a late report from a process the operator already stopped
         if self.state == DeploymentState.FAILED and status.state == DeploymentState.STOPPED:
             return  # stopped because another node of it failed: the failure is the news

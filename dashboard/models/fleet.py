@@ -8,9 +8,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.validators import RegexValidator
-from django.db import models, transaction
-from django.db.models.signals import post_delete, post_save
-from django.dispatch import receiver
+from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
@@ -120,25 +118,6 @@ class AgentToken(models.Model):
     def revoke(self) -> None:
         self.revoked = timezone.now()
         self.save(update_fields=["revoked"])
-
-
-@receiver(post_save, sender=AgentToken)
-def close_sockets_of_revoked_token(sender: type[AgentToken], instance: AgentToken, **kwargs: object) -> None:
-    """A revoked token stops working at once, not at the agent's next connection."""
-    if instance.revoked is not None:
-        _close_sockets_after_commit(instance)
-
-
-@receiver(post_delete, sender=AgentToken)
-def close_sockets_of_deleted_token(sender: type[AgentToken], instance: AgentToken, **kwargs: object) -> None:
-    _close_sockets_after_commit(instance)
-
-
-def _close_sockets_after_commit(token: AgentToken) -> None:
-    from dashboard.live import close_agent_sockets
-
-    node_id, token_id = token.node_id, token.pk
-    transaction.on_commit(lambda: close_agent_sockets(node_id, token_id))
 
 
 class Gpu(models.Model):
