@@ -27,26 +27,90 @@ def log_tailer(spec: str) -> LogTailer:
 
 
 SETTINGS = (
-    Setting("server", "--server", "LAYERCAKE_SERVER", url, required=True, metavar="URL",
-            help="dashboard URL, e.g. http://10.0.0.5:8000"),
-    Setting("token", "--token", "LAYERCAKE_TOKEN", str, required=True,
-            help="agent token from `manage.py agent_token NODE`"),
-    Setting("interval", "--interval", "LAYERCAKE_INTERVAL", seconds, lambda: 1.0, bounds=(0.05, 3600),
-            metavar="S", help="seconds between samples (default 1)"),
-    Setting("gpu_source", "--gpu-source", "LAYERCAKE_GPU_SOURCE", str, lambda: "nvml",
-            help="nvml (default) or sim:SPEC, e.g. sim:a30x4 (needs layercake-agent-sim)"),
-    Setting("buffer_seconds", "--buffer-seconds", "LAYERCAKE_BUFFER_SECONDS", seconds, lambda: 600.0,
-            bounds=(0, 7 * 86400), metavar="S", help="how much to keep while the server is unreachable (default 600)"),
-    Setting("log", "--log", "LAYERCAKE_LOG", log_tailer, list, many=True, metavar="SOURCE=PATH",
-            help="tail a log file and send its lines under SOURCE (repeatable)"),
-    Setting("model_dir", "--model-dir", "LAYERCAKE_MODEL_DIRS", Path, list, many=True, metavar="DIR",
-            help="models may only be launched from under these directories (repeatable)"),
-    Setting("run_dir", "--run-dir", "LAYERCAKE_RUN_DIR", Path, default_run_dir, metavar="DIR",
-            help="where supervised inference servers keep their logs and state "
-                 "(default ~/.local/state/layercake-agent)"),
-    Setting("disk_outbox", "--disk-outbox", "LAYERCAKE_DISK_OUTBOX", boolean, lambda: False,
-            help="keep unsent samples in RUN_DIR/outbox.sqlite3, so that they survive a restart of the agent "
-                 "(bounded like --buffer-seconds)"),
+    Setting(
+        "server",
+        "--server",
+        "LAYERCAKE_SERVER",
+        url,
+        required=True,
+        metavar="URL",
+        help="dashboard URL, e.g. http://10.0.0.5:8000",
+    ),
+    Setting(
+        "token",
+        "--token",
+        "LAYERCAKE_TOKEN",
+        str,
+        required=True,
+        help="agent token from `manage.py agent_token NODE`",
+    ),
+    Setting(
+        "interval",
+        "--interval",
+        "LAYERCAKE_INTERVAL",
+        seconds,
+        lambda: 1.0,
+        bounds=(0.05, 3600),
+        metavar="S",
+        help="seconds between samples (default 1)",
+    ),
+    Setting(
+        "gpu_source",
+        "--gpu-source",
+        "LAYERCAKE_GPU_SOURCE",
+        str,
+        lambda: "nvml",
+        help="nvml (default) or sim:SPEC, e.g. sim:a30x4 (needs layercake-agent-sim)",
+    ),
+    Setting(
+        "buffer_seconds",
+        "--buffer-seconds",
+        "LAYERCAKE_BUFFER_SECONDS",
+        seconds,
+        lambda: 600.0,
+        bounds=(0, 7 * 86400),
+        metavar="S",
+        help="how much to keep while the server is unreachable (default 600)",
+    ),
+    Setting(
+        "log",
+        "--log",
+        "LAYERCAKE_LOG",
+        log_tailer,
+        list,
+        many=True,
+        metavar="SOURCE=PATH",
+        help="tail a log file and send its lines under SOURCE (repeatable)",
+    ),
+    Setting(
+        "model_dir",
+        "--model-dir",
+        "LAYERCAKE_MODEL_DIRS",
+        Path,
+        list,
+        many=True,
+        metavar="DIR",
+        help="models may only be launched from under these directories (repeatable)",
+    ),
+    Setting(
+        "run_dir",
+        "--run-dir",
+        "LAYERCAKE_RUN_DIR",
+        Path,
+        default_run_dir,
+        metavar="DIR",
+        help="where supervised inference servers keep their logs and state "
+        "(default ~/.local/state/layercake-agent)",
+    ),
+    Setting(
+        "disk_outbox",
+        "--disk-outbox",
+        "LAYERCAKE_DISK_OUTBOX",
+        boolean,
+        lambda: False,
+        help="keep unsent samples in RUN_DIR/outbox.sqlite3, so that they survive a restart of the agent "
+        "(bounded like --buffer-seconds)",
+    ),
 )
 
 
@@ -54,12 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
     prog = "layercake-agent" if Path(sys.argv[0]).name == "layercake-agent" else "python -m agents"
     parser = argparse.ArgumentParser(prog=prog, description="layercake node agent")
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="sample this node's GPUs and push them to the server",
-                              description="Flags win over --env-file, which wins over the environment.")
+    run = commands.add_parser(
+        "run",
+        help="sample this node's GPUs and push them to the server",
+        description="Flags win over --env-file, which wins over the environment.",
+    )
     for setting in SETTINGS:
         setting.add_to(run)
-    run.add_argument("--env-file", type=Path, metavar="PATH",
-                     help="read LAYERCAKE_* settings from KEY=VALUE lines (no shell evaluation)")
+    run.add_argument(
+        "--env-file",
+        type=Path,
+        metavar="PATH",
+        help="read LAYERCAKE_* settings from KEY=VALUE lines (no shell evaluation)",
+    )
     return parser
 
 
@@ -82,8 +153,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        agent = Agent(args.server, args.token, source, args.interval, args.buffer_seconds, args.log,
-                      model_dirs=args.model_dir, run_dir=args.run_dir, disk_outbox=args.disk_outbox)
+        agent = Agent(
+            args.server,
+            args.token,
+            source,
+            args.interval,
+            args.buffer_seconds,
+            args.log,
+            model_dirs=args.model_dir,
+            run_dir=args.run_dir,
+            disk_outbox=args.disk_outbox,
+        )
         asyncio.run(agent.run())
     except OutboxBusy as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -42,11 +42,21 @@ class Setting:
 
     def add_to(self, parser: argparse.ArgumentParser) -> None:
         if self.read is boolean:  # a switch: the flag alone means true; the variable says true or false
-            parser.add_argument(self.flag, dest=self.dest, action="store_const", const="true",
-                                help=f"{self.help} [env {self.env}=true]")
+            parser.add_argument(
+                self.flag,
+                dest=self.dest,
+                action="store_const",
+                const="true",
+                help=f"{self.help} [env {self.env}=true]",
+            )
             return
-        parser.add_argument(self.flag, dest=self.dest, action="append" if self.many else "store",
-                            metavar=self.metavar, help=f"{self.help} [env {self.env}]")
+        parser.add_argument(
+            self.flag,
+            dest=self.dest,
+            action="append" if self.many else "store",
+            metavar=self.metavar,
+            help=f"{self.help} [env {self.env}]",
+        )
 
 
 @dataclass(frozen=True)
@@ -106,7 +116,9 @@ def unquote(value: str) -> str:
 
 def environment(environ: Mapping[str, str], env_file: Path | None, known: set[str]) -> dict[str, EnvValue]:
     """The agent's view of its environment: the process environment overlaid with the env file."""
-    values = {key: EnvValue(text, "the environment") for key, text in environ.items() if key.startswith(PREFIX)}
+    values = {
+        key: EnvValue(text, "the environment") for key, text in environ.items() if key.startswith(PREFIX)
+    }
     if env_file is None:
         return values
     from_file = read_env_file(env_file)

@@ -178,7 +178,9 @@ def parse_exposition(text: str) -> tuple[str, ServerCounters]:
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
-        raise ExpositionError(f"{dialect.backend} exposition gives an impossible {field}: {first['msg']}") from None
+        raise ExpositionError(
+            f"{dialect.backend} exposition gives an impossible {field}: {first['msg']}"
+        ) from None
 
 
 def counters_from_exposition(text: str) -> ServerCounters:
@@ -260,8 +262,14 @@ def rates(prev: ServerCounters, prev_t: float, cur: ServerCounters, cur_t: float
 # ---- Ollama ----------------------------------------------------------------------------------------
 
 COUNTER_FIELDS = (
-    "generation_tokens_total", "prompt_tokens_total", "ttft_seconds_sum", "ttft_seconds_count",
-    "itl_seconds_sum", "itl_seconds_count", "steps_total", "requests_finished_total",
+    "generation_tokens_total",
+    "prompt_tokens_total",
+    "ttft_seconds_sum",
+    "ttft_seconds_count",
+    "itl_seconds_sum",
+    "itl_seconds_count",
+    "steps_total",
+    "requests_finished_total",
 )
 NS = 1e-9
 # Go's time.Time in JSON (RFC 3339 with up to 9 fractional digits); an offset is required to place it in time.
@@ -303,7 +311,9 @@ def _instant(value: object, what: str) -> float | None:
     if value is None:
         return None
     if not isinstance(value, str) or not RFC3339.fullmatch(value):
-        raise ValueError(f"{what} must be an RFC 3339 time with an offset (2025-04-10T19:31:02.5Z), got {value!r}")
+        raise ValueError(
+            f"{what} must be an RFC 3339 time with an offset (2025-04-10T19:31:02.5Z), got {value!r}"
+        )
     try:
         return datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", value)).timestamp()  # datetime keeps µs
     except ValueError as exc:
@@ -318,14 +328,16 @@ def ollama_loaded_models(obj: dict) -> list[LoadedModel]:
         if not isinstance(name, str) or not name:
             raise ValueError("Ollama /api/ps: a model entry has no name")
         where = f"Ollama /api/ps: {name!r}"
-        loaded.append(LoadedModel(
-            name,
-            _count(entry.get("size", 0), f"{where} size"),
-            _count(entry.get("size_vram", 0), f"{where} size_vram"),
-            entry.get("expires_at"),
-            _count(entry.get("context_length"), f"{where} context_length"),
-            _instant(entry.get("expires_at"), f"{where} expires_at"),
-        ))
+        loaded.append(
+            LoadedModel(
+                name,
+                _count(entry.get("size", 0), f"{where} size"),
+                _count(entry.get("size_vram", 0), f"{where} size_vram"),
+                entry.get("expires_at"),
+                _count(entry.get("context_length"), f"{where} context_length"),
+                _instant(entry.get("expires_at"), f"{where} expires_at"),
+            )
+        )
     return loaded
 
 
@@ -352,7 +364,9 @@ def _duration(obj: dict, key: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ValueError(f"Ollama response: {key} must be a non-negative number of nanoseconds, got {value!r}")
+        raise ValueError(
+            f"Ollama response: {key} must be a non-negative number of nanoseconds, got {value!r}"
+        )
     return value * NS
 
 
@@ -367,7 +381,9 @@ def counters_from_ollama_response(obj: dict) -> ServerCounters:
         raise ValueError("Ollama response: only the final chunk (done: true) carries token counts")
     gen = _count(obj.get("eval_count"), "Ollama response: eval_count")
     prompt = _count(obj.get("prompt_eval_count"), "Ollama response: prompt_eval_count")
-    load, prefill, decode = (_duration(obj, k) for k in ("load_duration", "prompt_eval_duration", "eval_duration"))
+    load, prefill, decode = (
+        _duration(obj, k) for k in ("load_duration", "prompt_eval_duration", "eval_duration")
+    )
     ttft = None if prefill is None else prefill + (load or 0.0)
     return ServerCounters(
         generation_tokens_total=gen,

@@ -147,7 +147,8 @@ class LogTail(Sequenced):
     type: Literal["logs"]
     source: Name
     lines: Annotated[
-        list[Annotated[str, Field(max_length=MAX_LOG_LINE_CHARS)]], Field(min_length=1, max_length=MAX_LOG_LINES)
+        list[Annotated[str, Field(max_length=MAX_LOG_LINE_CHARS)]],
+        Field(min_length=1, max_length=MAX_LOG_LINES),
     ]
 
 
@@ -207,8 +208,16 @@ class _AgentFrame(BaseModel):
 # ---- server -> agent ---------------------------------------------------------------------------------
 Backend = Literal["vllm", "sglang", "llama.cpp", "ollama", "llama-cpp-python", "simulated"]
 EnvName = Literal[
-    "CUDA_DEVICE_ORDER", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG",
-    "OLLAMA_NUM_PARALLEL", "OLLAMA_CONTEXT_LENGTH", "VLLM_LOGGING_LEVEL", "OMP_NUM_THREADS",
+    "CUDA_DEVICE_ORDER",
+    "NCCL_P2P_DISABLE",
+    "NCCL_IB_DISABLE",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_DEBUG",
+    "OLLAMA_NUM_PARALLEL",
+    "OLLAMA_CONTEXT_LENGTH",
+    "VLLM_LOGGING_LEVEL",
+    "OMP_NUM_THREADS",
 ]
 SafeText = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:/+=,@-]{1,512}$")]
 HostAddress = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$")]
@@ -247,7 +256,9 @@ class LaunchOptions(Strict):
         if self.nnodes > 1 and self.master_addr is None:
             raise ValueError("a multi-node launch needs master_addr (the head node's address)")
         if self.node_rank > 0 and self.master_port is None:
-            raise ValueError("a launch for a node other than the head needs master_port (the head's rendezvous port)")
+            raise ValueError(
+                "a launch for a node other than the head needs master_port (the head's rendezvous port)"
+            )
         return self
 
     @property
@@ -286,7 +297,9 @@ def parse_server_command(raw: str | bytes) -> Launch | Stop | Restart:
     """Validate a command from the server on the agent side; refuses extra argv, unknown env, odd names."""
     data = _load_json(raw, "command")
     if not isinstance(data, dict) or data.get("type") not in ("launch", "stop", "restart"):
-        raise ProtocolError("unknown_type", f"unknown command {_shown(data.get('type') if isinstance(data, dict) else data)}")
+        raise ProtocolError(
+            "unknown_type", f"unknown command {_shown(data.get('type') if isinstance(data, dict) else data)}"
+        )
     try:
         return _ServerFrame(message=data).message
     except ValidationError as exc:
@@ -327,7 +340,9 @@ def _check_envelope(data: object) -> None:
     if kind not in AGENT_TYPES:
         raise ProtocolError("unknown_type", f"unknown message type {_shown(kind)}")
     if data.get("v") != VERSION:
-        raise ProtocolError("bad_version", f"protocol version {_shown(data.get('v'))} not supported (server speaks {VERSION})")
+        raise ProtocolError(
+            "bad_version", f"protocol version {_shown(data.get('v'))} not supported (server speaks {VERSION})"
+        )
 
 
 def _shown(value: object) -> str:

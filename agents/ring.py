@@ -55,7 +55,9 @@ class Journal:
         with self.db:
             self.db.execute("INSERT OR REPLACE INTO frames (seq, frame) VALUES (?, ?)", (seq, frame))
             self.db.execute("DELETE FROM frames WHERE seq < ?", (oldest_kept,))
-            self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('next_seq', ?)", (str(seq + 1),))
+            self.db.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('next_seq', ?)", (str(seq + 1),)
+            )
 
     def forget_through(self, seq: int) -> None:
         with self.db:
@@ -70,8 +72,10 @@ class Journal:
         stream_id = uuid.uuid4().hex
         with self.db:
             self.db.execute("DELETE FROM frames")
-            self.db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                                [("owner", owner), ("stream_id", stream_id), ("next_seq", "1")])
+            self.db.executemany(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                [("owner", owner), ("stream_id", stream_id), ("next_seq", "1")],
+            )
         return stream_id
 
 
@@ -81,8 +85,9 @@ def _lock_exclusively(path: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise OutboxBusy(f"another agent is using the outbox {path.with_suffix('')} (give each agent its "
-                         f"own --run-dir)") from None
+        raise OutboxBusy(
+            f"another agent is using the outbox {path.with_suffix('')} (give each agent its own --run-dir)"
+        ) from None
     return fd  # held for the life of the process
 
 
@@ -112,8 +117,14 @@ class Outbox:
             return cls(capacity, journal=journal, stream_id=journal.start_stream(owner), discarded=discarded)
         frames = journal.frames()
         kept = frames[-capacity:]
-        return cls(capacity, deque(kept), dropped=len(frames) - len(kept), next_seq=int(journal.get("next_seq")),
-                   journal=journal, stream_id=journal.get("stream_id"))
+        return cls(
+            capacity,
+            deque(kept),
+            dropped=len(frames) - len(kept),
+            next_seq=int(journal.get("next_seq")),
+            journal=journal,
+            stream_id=journal.get("stream_id"),
+        )
 
     def add(self, build: callable) -> int:
         """Append `build(seq)` under the next sequence number; return that number."""

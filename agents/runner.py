@@ -92,8 +92,11 @@ class Agent:
         self.outbox = self.open_disk_outbox(capacity) if self.disk_outbox else Outbox(capacity=capacity)
         self.wake = asyncio.Event()
         self.connected = asyncio.Event()
-        self.supervisor = Supervisor(self.model_dirs, self.run_dir, self.emit_status, self.emit_metrics,
-                                     self.emit_logs) if self.run_dir is not None else None
+        self.supervisor = (
+            Supervisor(self.model_dirs, self.run_dir, self.emit_status, self.emit_metrics, self.emit_logs)
+            if self.run_dir is not None
+            else None
+        )
         self.commands: set[asyncio.Task] = set()
         self.launches: dict[str, protocol.Launch] = {}
         self.generated: dict[str, float] = {}
@@ -106,8 +109,9 @@ class Agent:
         # The server keeps its replay watermark per stream: the carried-over frames continue the old one.
         self.boot_id = outbox.stream_id
         if outbox.discarded:
-            log.warning("outbox %s held %d unsent frames for another server or token: dropped", path,
-                        outbox.discarded)
+            log.warning(
+                "outbox %s held %d unsent frames for another server or token: dropped", path, outbox.discarded
+            )
         elif outbox.frames:
             log.info("outbox %s: %d unsent frames from the last run", path, len(outbox.frames))
         return outbox
@@ -119,10 +123,18 @@ class Agent:
 
     def hello(self) -> str:
         message = protocol.Hello(
-            type="hello", v=protocol.VERSION, agent_version=__version__, hostname=socket.gethostname(),
-            boot_id=self.boot_id, interval_s=self.interval, gpu_source=self.source.kind,
-            simulated=self.source.simulated, driver_version=self.source.driver_version(),
-            cuda_version=self.source.cuda_version(), gpus=self.source.inventory(), topology=self.source.topology(),
+            type="hello",
+            v=protocol.VERSION,
+            agent_version=__version__,
+            hostname=socket.gethostname(),
+            boot_id=self.boot_id,
+            interval_s=self.interval,
+            gpu_source=self.source.kind,
+            simulated=self.source.simulated,
+            driver_version=self.source.driver_version(),
+            cuda_version=self.source.cuda_version(),
+            gpus=self.source.inventory(),
+            topology=self.source.topology(),
         )
         return protocol.dump(message)
 
@@ -134,26 +146,53 @@ class Agent:
         except GpuSourceError as exc:  # e.g. a GPU fell off the bus: keep the agent and its logs alive
             log.error("sampling failed: %s", exc)
         else:
-            self.outbox.add(lambda seq: protocol.dump(
-                protocol.Samples(type="samples", v=protocol.VERSION, seq=seq, t=now, gpus=gpus)))
+            self.outbox.add(
+                lambda seq: protocol.dump(
+                    protocol.Samples(type="samples", v=protocol.VERSION, seq=seq, t=now, gpus=gpus)
+                )
+            )
         for tailer in self.tailers:
             for chunk in _chunks(tailer.read_new_lines(), protocol.MAX_LOG_LINES):
-                self.outbox.add(lambda seq, c=chunk, s=tailer.source: protocol.dump(
-                    protocol.LogTail(type="logs", v=protocol.VERSION, seq=seq, t=now, source=s, lines=c)))
+                self.outbox.add(
+                    lambda seq, c=chunk, s=tailer.source: protocol.dump(
+                        protocol.LogTail(type="logs", v=protocol.VERSION, seq=seq, t=now, source=s, lines=c)
+                    )
+                )
         self.wake.set()
 
     def emit_status(self, deployment: str, state: str, **fields) -> None:
         self.reflect_on_simulated_gpus(deployment, state)
         now, fields = time.time(), {k: v for k, v in fields.items() if v is not None}
-        self.outbox.add(lambda seq: protocol.dump(protocol.DeploymentStatus(
-            type="deployment", v=protocol.VERSION, seq=seq, t=now, deployment=deployment, state=state, **fields)))
+        self.outbox.add(
+            lambda seq: protocol.dump(
+                protocol.DeploymentStatus(
+                    type="deployment",
+                    v=protocol.VERSION,
+                    seq=seq,
+                    t=now,
+                    deployment=deployment,
+                    state=state,
+                    **fields,
+                )
+            )
+        )
         self.wake.set()
 
     def emit_metrics(self, deployment: str, counters: protocol.ServerCounters) -> None:
         self.reflect_generation(deployment, counters.generation_tokens_total)
         now = time.time()
-        self.outbox.add(lambda seq: protocol.dump(protocol.Metrics(
-            type="metrics", v=protocol.VERSION, seq=seq, t=now, deployment=deployment, counters=counters)))
+        self.outbox.add(
+            lambda seq: protocol.dump(
+                protocol.Metrics(
+                    type="metrics",
+                    v=protocol.VERSION,
+                    seq=seq,
+                    t=now,
+                    deployment=deployment,
+                    counters=counters,
+                )
+            )
+        )
         self.wake.set()
 
     # A simulated node has no real GPUs for the server to fill: show what the real ones would (memory held
@@ -189,8 +228,11 @@ class Agent:
     def emit_logs(self, source: str, lines: list[str]) -> None:
         now = time.time()
         for chunk in _chunks(lines, protocol.MAX_LOG_LINES):
-            self.outbox.add(lambda seq, c=chunk: protocol.dump(protocol.LogTail(
-                type="logs", v=protocol.VERSION, seq=seq, t=now, source=source, lines=c)))
+            self.outbox.add(
+                lambda seq, c=chunk: protocol.dump(
+                    protocol.LogTail(type="logs", v=protocol.VERSION, seq=seq, t=now, source=source, lines=c)
+                )
+            )
         self.wake.set()
 
     async def sample_forever(self) -> None:
@@ -229,8 +271,9 @@ class Agent:
 
     async def session(self, backoff: Backoff) -> None:
         headers = {"Authorization": f"Bearer {self.token}"}
-        async with websockets.connect(self.ws_url(), additional_headers=headers, open_timeout=10,
-                                      max_size=protocol.MAX_FRAME_BYTES) as ws:
+        async with websockets.connect(
+            self.ws_url(), additional_headers=headers, open_timeout=10, max_size=protocol.MAX_FRAME_BYTES
+        ) as ws:
             await ws.send(self.hello())
             welcome = await self.expect_welcome(ws)
             backoff.reset()
@@ -260,7 +303,9 @@ class Agent:
         if ws.close_code == protocol.CLOSE_UNAUTHORIZED:
             raise AgentRejected("server closed the connection: token revoked")
         if ws.close_code == protocol.CLOSE_REPLACED:  # two agents with one token would take turns forever
-            raise AgentRejected("server closed the connection: another agent connected with this node's token")
+            raise AgentRejected(
+                "server closed the connection: another agent connected with this node's token"
+            )
 
     def on_server_message(self, message: dict) -> None:
         kind = message.get("type")
@@ -281,7 +326,9 @@ class Agent:
                 self.emit_status_safely(message["deployment"], f"refused: {exc.message}")
             return
         if self.supervisor is None:
-            self.emit_status(command.deployment, "failed", detail="this agent runs no inference servers (--run-dir)")
+            self.emit_status(
+                command.deployment, "failed", detail="this agent runs no inference servers (--run-dir)"
+            )
             return
         if isinstance(command, protocol.Launch):
             self.launches[command.deployment] = command

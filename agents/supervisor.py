@@ -261,16 +261,26 @@ class RunningServer:
         return self.adapter.serves_api(self.admitted)
 
     def saved(self) -> dict:
-        return {"deployment": self.id, "launch": self.launch.model_dump(mode="json"), "pid": self.child.pid,
-                "start_ticks": self.child.ticks, "port": self.port, "argv_hash": self.argv_hash,
-                "state": self.state, "progress": self.progress, "log": str(self.log.path),
-                "dist_port": self.dist_port}
+        return {
+            "deployment": self.id,
+            "launch": self.launch.model_dump(mode="json"),
+            "pid": self.child.pid,
+            "start_ticks": self.child.ticks,
+            "port": self.port,
+            "argv_hash": self.argv_hash,
+            "state": self.state,
+            "progress": self.progress,
+            "log": str(self.log.path),
+            "dist_port": self.dist_port,
+        }
 
 
 def _with_saved_rendezvous(launch: Launch, dist_port: object) -> Launch:
     if dist_port is None or launch.options.master_port is not None:
         return launch
-    return launch.model_copy(update={"options": launch.options.model_copy(update={"master_port": int(dist_port)})})
+    return launch.model_copy(
+        update={"options": launch.options.model_copy(update={"master_port": int(dist_port)})}
+    )
 
 
 def served_anything(counters: ServerCounters) -> bool:
@@ -332,8 +342,12 @@ class Supervisor:
         current = self._known(launch.deployment)
         if current is not None and not current.finished:
             same = current.launch == launch
-            self._report(current, detail="already running" if same else
-                         "already running with a different launch; stop or restart it to apply a new one")
+            self._report(
+                current,
+                detail="already running"
+                if same
+                else "already running with a different launch; stop or restart it to apply a new one",
+            )
             return
         adapter = self._adapter(launch.backend)
         self._spawn(launch, admit(adapter, launch, self.model_dirs), adapter)
@@ -380,15 +394,26 @@ class Supervisor:
             out.write(f"[layercake agent] starting: {shlex.join(argv)}\n".encode())
             out.flush()
             try:
-                popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+                popen = subprocess.Popen(
+                    argv,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                )
             except OSError as exc:
                 self.emit_status(launch.deployment, "failed", detail=f"could not start {argv[0]}: {exc}")
                 return None
         child = Child(popen.pid, start_ticks(popen.pid), popen)
-        current = RunningServer(launch.deployment, launch, admitted, adapter, port, argv_hash(argv), child, logfile)
+        current = RunningServer(
+            launch.deployment, launch, admitted, adapter, port, argv_hash(argv), child, logfile
+        )
         self.deployments[launch.deployment] = current
-        log.info("deployment %s: started pid %d on port %d: %s", current.id, child.pid, port, shlex.join(argv))
+        log.info(
+            "deployment %s: started pid %d on port %d: %s", current.id, child.pid, port, shlex.join(argv)
+        )
         self._set_state(current, "launching")
         return current
 
@@ -450,7 +475,9 @@ class Supervisor:
         if self._polling.locked():  # the previous poll is still waiting on a slow server
             return
         async with self._polling:
-            watched = [d for d in self.deployments.values() if not d.finished and not self._locks[d.id].locked()]
+            watched = [
+                d for d in self.deployments.values() if not d.finished and not self._locks[d.id].locked()
+            ]
             results = await asyncio.gather(*(self._poll_one(d) for d in watched), return_exceptions=True)
         for current, result in zip(watched, results, strict=True):
             if isinstance(result, Exception):
@@ -579,7 +606,9 @@ class Supervisor:
             current.failure = "the server exited while the agent was not running; exit code unknown"
             self._finish(current)
             return None
-        log.info("deployment %s: re-attached to pid %d on port %d", current.id, current.child.pid, current.port)
+        log.info(
+            "deployment %s: re-attached to pid %d on port %d", current.id, current.child.pid, current.port
+        )
         self._report(current, detail="re-attached after an agent restart")
         return current
 
@@ -602,8 +631,18 @@ class Supervisor:
             return None
         logfile = LogFile(self.run_dir / f"{launch.deployment}.log", self.log_max_bytes, self.log_backups)
         logfile.offset = logfile.size()  # lines printed while the agent was down stay in the file
-        return RunningServer(launch.deployment, launch, admitted, adapter, port, saved.get("argv_hash", ""), child,
-                          logfile, state=state, progress=saved.get("progress"))
+        return RunningServer(
+            launch.deployment,
+            launch,
+            admitted,
+            adapter,
+            port,
+            saved.get("argv_hash", ""),
+            child,
+            logfile,
+            state=state,
+            progress=saved.get("progress"),
+        )
 
     async def close(self) -> None:
         """Stop watching (servers keep running, to be re-attached by the next agent)."""

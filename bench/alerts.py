@@ -61,8 +61,14 @@ def timed_runs(runs: int, before_each: Callable[[], None] = lambda: None) -> lis
             started, cpu = time.perf_counter(), time.process_time()
             problems = evaluate_fleet()
             elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
-        results.append({"ms": round(elapsed * 1000, 1), "cpu_ms": round(cpu * 1000, 1), "queries": len(queries),
-                        "problems": problems})
+        results.append(
+            {
+                "ms": round(elapsed * 1000, 1),
+                "cpu_ms": round(cpu * 1000, 1),
+                "queries": len(queries),
+                "problems": problems,
+            }
+        )
     return results
 
 
@@ -78,8 +84,14 @@ def lost_nodes(count: int, runs: int) -> dict:
     lost = timed_runs(runs)
     storm.report(nodes)
     back = timed_runs(1)
-    result = {"scenario": f"{count} nodes lost together", "all online": healthy, "lost": lost, "back": back,
-              "alerts": list(Alert.objects.values_list("kind", "status")), "notifications": Notification.objects.count()}
+    result = {
+        "scenario": f"{count} nodes lost together",
+        "all online": healthy,
+        "lost": lost,
+        "back": back,
+        "alerts": list(Alert.objects.values_list("kind", "status")),
+        "notifications": Notification.objects.count(),
+    }
     Node.objects.filter(pk__in=[n.pk for n in nodes]).delete()  # not lost again in the next scenario
     Alert.objects.all().delete()
     return result
@@ -91,8 +103,11 @@ def stalled(count: int, runs: int) -> dict:
 
     deployments = storm.stalled_deployments(count)
     nodes = [d.node for d in deployments]  # their agents keep reporting: only the servers are stuck
-    return {"scenario": f"{count} stalled deployments", "runs": timed_runs(runs, lambda: storm.report(nodes)),
-            "alerts": Alert.objects.filter(kind="stall").count()}
+    return {
+        "scenario": f"{count} stalled deployments",
+        "runs": timed_runs(runs, lambda: storm.report(nodes)),
+        "alerts": Alert.objects.filter(kind="stall").count(),
+    }
 
 
 def main() -> None:

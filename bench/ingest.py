@@ -47,12 +47,16 @@ SPEC_BY_GPUS = {2: "sim:rtx4090x2", 4: "sim:a30x4", 8: "sim:h100x8"}
 
 
 # ---- role "agents": the simulated fleet, in its own process -------------------------------------------
-async def run_agents(server: str, tokens: list[str], gpus: int, interval: float, seconds: float,
-                     ready: Path) -> dict:
+async def run_agents(
+    server: str, tokens: list[str], gpus: int, interval: float, seconds: float, ready: Path
+) -> dict:
     from agents.gpus import make_source
     from agents.runner import Agent
 
-    fleet = [Agent(server, t, make_source(f"{SPEC_BY_GPUS[gpus]},seed={i}"), interval) for i, t in enumerate(tokens)]
+    fleet = [
+        Agent(server, t, make_source(f"{SPEC_BY_GPUS[gpus]},seed={i}"), interval)
+        for i, t in enumerate(tokens)
+    ]
     loop = asyncio.get_running_loop()
     began = loop.time()
     tasks = [asyncio.create_task(a.connect_forever()) for a in fleet]
@@ -70,9 +74,13 @@ async def run_agents(server: str, tokens: list[str], gpus: int, interval: float,
     for task in tasks:
         task.cancel()
     pending = sum(len(a.outbox.frames) for a in fleet)
-    return {"sent_gpu_samples": ticks * len(fleet) * gpus, "unacked_frames": pending,
-            "dropped_frames": sum(a.outbox.dropped for a in fleet),
-            "connect_s": round(connected - began, 1), "settle_s": round(start - connected, 1)}
+    return {
+        "sent_gpu_samples": ticks * len(fleet) * gpus,
+        "unacked_frames": pending,
+        "dropped_frames": sum(a.outbox.dropped for a in fleet),
+        "connect_s": round(connected - began, 1),
+        "settle_s": round(start - connected, 1),
+    }
 
 
 async def wait_for_file(path: Path, timeout: float) -> None:
@@ -117,13 +125,20 @@ async def echo_capacity(port: int, seconds: float = 3.0) -> float:
 
 
 # ---- role "main": the stack, the browser client, the numbers --------------------------------------------
-async def watch_browser(url: str, sessionid: str, stop: asyncio.Event, latencies: list[float],
-                        transit: list[float], online: set[int]) -> None:
+async def watch_browser(
+    url: str,
+    sessionid: str,
+    stop: asyncio.Event,
+    latencies: list[float],
+    transit: list[float],
+    online: set[int],
+) -> None:
     import websockets
 
     headers = {"Cookie": f"sessionid={sessionid}", "Origin": url}
-    async with websockets.connect(url.replace("http", "ws", 1) + "/ws/fleet/", additional_headers=headers,
-                                  max_size=None) as ws:
+    async with websockets.connect(
+        url.replace("http", "ws", 1) + "/ws/fleet/", additional_headers=headers, max_size=None
+    ) as ws:
         while not stop.is_set():
             try:
                 message = json.loads(await asyncio.wait_for(ws.recv(), timeout=0.5))
@@ -192,10 +207,27 @@ async def measure(args: argparse.Namespace, url: str, tokens: list[str], session
     with (log / "tokens").open("w") as fh:
         fh.write("\n".join(tokens))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, __file__, "--role", "agents", "--server", url, "--tokens", str(log / "tokens"),
-        "--ready-file", str(ready),
-        "--agents", str(args.agents), "--gpus", str(args.gpus), "--interval", str(args.interval),
-        "--seconds", str(args.seconds), stdout=subprocess.PIPE, cwd=ROOT)
+        sys.executable,
+        __file__,
+        "--role",
+        "agents",
+        "--server",
+        url,
+        "--tokens",
+        str(log / "tokens"),
+        "--ready-file",
+        str(ready),
+        "--agents",
+        str(args.agents),
+        "--gpus",
+        str(args.gpus),
+        "--interval",
+        str(args.interval),
+        "--seconds",
+        str(args.seconds),
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+    )
     out, _ = await proc.communicate()
     await asyncio.sleep(1.5)  # let the last fan-out tick reach the browser client
     stop.set()
@@ -231,8 +263,11 @@ def run_main(args: argparse.Namespace) -> dict:
         stack.wait_for_port(redis_port)
         env = {"REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "DATABASE_URL": os.environ["DATABASE_URL"]}
         services.append(stack.asgi_service(port, env, log).start())
-        services.append(stack.Service("echo", [sys.executable, __file__, "--role", "echo", "--server",
-                                               str(echo_port)]).start())
+        services.append(
+            stack.Service(
+                "echo", [sys.executable, __file__, "--role", "echo", "--server", str(echo_port)]
+            ).start()
+        )
         try:
             stack.wait_for_port(port)
             stack.wait_for_port(echo_port)
@@ -251,12 +286,19 @@ def run_main(args: argparse.Namespace) -> dict:
 def summarize(args: argparse.Namespace, outcome: dict, stored: int, elapsed: float, echo: float) -> dict:
     latencies = outcome["latencies"]
     return {
-        "agents": args.agents, "gpus_per_agent": args.gpus, "interval_s": args.interval, "seconds": args.seconds,
+        "agents": args.agents,
+        "gpus_per_agent": args.gpus,
+        "interval_s": args.interval,
+        "seconds": args.seconds,
         "offered_samples_per_s": round(args.agents * args.gpus / args.interval, 1),
         "samples_per_s": round(stored / args.seconds, 1),
-        "sent": outcome["sent_gpu_samples"], "stored": stored, "lost": outcome["sent_gpu_samples"] - stored,
-        "unacked_frames_at_end": outcome["unacked_frames"], "dropped_frames": outcome["dropped_frames"],
-        "connect_s": outcome["connect_s"], "settle_s": outcome["settle_s"],
+        "sent": outcome["sent_gpu_samples"],
+        "stored": stored,
+        "lost": outcome["sent_gpu_samples"] - stored,
+        "unacked_frames_at_end": outcome["unacked_frames"],
+        "dropped_frames": outcome["dropped_frames"],
+        "connect_s": outcome["connect_s"],
+        "settle_s": outcome["settle_s"],
         "p50_ingest_to_browser_ms": _round(percentile(latencies, 0.50)),
         "p99_ingest_to_browser_ms": _round(percentile(latencies, 0.99)),
         "browser_node_updates": len(latencies),

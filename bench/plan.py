@@ -31,8 +31,11 @@ NODE_TYPES = [  # (GPU name, MiB, link inside a socket, link across sockets, net
 
 
 def _topology(inside: str, across: str) -> dict[str, Any]:
-    links = [{"a": f"GPU{a}", "b": f"GPU{b}", "link": inside if a // 4 == b // 4 else across}
-             for a in range(8) for b in range(a + 1, 8)]
+    links = [
+        {"a": f"GPU{a}", "b": f"GPU{b}", "link": inside if a // 4 == b // 4 else across}
+        for a in range(8)
+        for b in range(a + 1, 8)
+    ]
     gpus = [{"name": f"GPU{i}", "cpu_affinity": None, "numa_affinity": str(i // 4)} for i in range(8)]
     return {"kind": "matrix", "mode": None, "gpus": gpus, "nics": [], "links": links}
 
@@ -46,9 +49,19 @@ def fleet(nodes: int, pattern: str, seed: int = 7) -> dict[str, Any]:
         gpus = []
         for i in range(8):
             used = rng.uniform(0.02, 0.5) * mib if busy else 0.0
-            gpus.append({"index": i, "name": name, "memory_total_mib": mib, "memory_free_mib": round(mib - used)})
-        built.append({"name": f"node-{n:04d}", "gpus": gpus, "topology": _topology(inside, across),
-                      "network_gbps": gbps, "rdma": rdma, "address": f"10.1.{n // 256}.{n % 256}"})
+            gpus.append(
+                {"index": i, "name": name, "memory_total_mib": mib, "memory_free_mib": round(mib - used)}
+            )
+        built.append(
+            {
+                "name": f"node-{n:04d}",
+                "gpus": gpus,
+                "topology": _topology(inside, across),
+                "network_gbps": gbps,
+                "rdma": rdma,
+                "address": f"10.1.{n // 256}.{n % 256}",
+            }
+        )
     return {"nodes": built}
 
 
@@ -73,13 +86,17 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     print(f"model {args.model}, 8 GPUs per node, best of {args.repeat}")
-    print(f"{'pattern':13s} {'nodes':>6s} {'plan() s':>9s} {'per node ms':>12s} {'top-10 JSON s':>14s} "
-          f"{'plans':>6s} {'rejected':>9s}")
+    print(
+        f"{'pattern':13s} {'nodes':>6s} {'plan() s':>9s} {'per node ms':>12s} {'top-10 JSON s':>14s} "
+        f"{'plans':>6s} {'rejected':>9s}"
+    )
     for pattern in ("typical", "all distinct"):
         for nodes in (1, 100, 1000):
             planning, rendering, plans, rejected = time_plan(args.model, nodes, pattern, args.repeat)
-            print(f"{pattern:13s} {nodes:6d} {planning:9.3f} {planning / nodes * 1e3:12.2f} {rendering:14.3f} "
-                  f"{plans:6d} {rejected:9d}")
+            print(
+                f"{pattern:13s} {nodes:6d} {planning:9.3f} {planning / nodes * 1e3:12.2f} {rendering:14.3f} "
+                f"{plans:6d} {rejected:9d}"
+            )
     return 0
 
 

@@ -11,12 +11,16 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 
-def lockout_response(request: HttpRequest, original_response: HttpResponse | None,
-                     credentials: dict | None) -> HttpResponse:
+def lockout_response(
+    request: HttpRequest, original_response: HttpResponse | None, credentials: dict | None
+) -> HttpResponse:
     """AXES_LOCKOUT_CALLABLE: the login page saying why it refuses and for how long."""
     cool_off = get_cool_off(request)
-    context = {"username": get_client_username(request, credentials) or "", "failure_limit": settings.AXES_FAILURE_LIMIT,
-               "minutes": round(cool_off.total_seconds() / 60) if cool_off else None}
+    context = {
+        "username": get_client_username(request, credentials) or "",
+        "failure_limit": settings.AXES_FAILURE_LIMIT,
+        "minutes": round(cool_off.total_seconds() / 60) if cool_off else None,
+    }
     return render(request, "registration/locked_out.html", context, status=429)
 
 
@@ -44,8 +48,11 @@ class PasswordResetView(auth_views.PasswordResetView):
         keys = [f"password-reset:email:{email}", f"password-reset:ip:{get_client_ip_address(self.request)}"]
         if over_limit(keys, settings.PASSWORD_RESET_LIMIT, settings.PASSWORD_RESET_WINDOW_S):
             minutes = round(settings.PASSWORD_RESET_WINDOW_S / 60)
-            form.add_error("email", f"Too many password reset requests for this address or from your network: "
-                                    f"no mail was sent. At most {settings.PASSWORD_RESET_LIMIT} go out per "
-                                    f"{minutes} minutes; try again later.")
+            form.add_error(
+                "email",
+                f"Too many password reset requests for this address or from your network: "
+                f"no mail was sent. At most {settings.PASSWORD_RESET_LIMIT} go out per "
+                f"{minutes} minutes; try again later.",
+            )
             return self.form_invalid(form)
         return super().form_valid(form)

@@ -35,8 +35,11 @@ class NodeAdmin(admin.ModelAdmin):
     def issue_token(self, request, queryset):
         for node in queryset:
             _, plaintext = AgentToken.issue(node)
-            self.message_user(request, f"Token for {node.name} (copy it now, it is not shown again): {plaintext}",
-                              messages.WARNING)
+            self.message_user(
+                request,
+                f"Token for {node.name} (copy it now, it is not shown again): {plaintext}",
+                messages.WARNING,
+            )
 
     def has_issue_token_permission(self, request) -> bool:
         return request.user.has_perm(roles.ISSUE_TOKENS)

@@ -25,8 +25,12 @@ DRAWN_EVIDENCE = ("log", "series", "log_findings", "nodes")
 
 
 class WebhookForm(forms.Form):
-    url = forms.URLField(max_length=500, assume_scheme="https", label="Webhook URL",
-                         help_text="receives a JSON POST for every open, acknowledge and resolve")
+    url = forms.URLField(
+        max_length=500,
+        assume_scheme="https",
+        label="Webhook URL",
+        help_text="receives a JSON POST for every open, acknowledge and resolve",
+    )
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -38,7 +42,9 @@ class WebhookForm(forms.Form):
             raise forms.ValidationError("the webhook URL must start with http:// or https://")
         target = urlsplit(url)
         try:
-            egress.checked_addresses(target.hostname or "", target.port or (443 if target.scheme == "https" else 80))
+            egress.checked_addresses(
+                target.hostname or "", target.port or (443 if target.scheme == "https" else 80)
+            )
         except egress.AddressRefused as exc:
             raise forms.ValidationError(exc.detail if shows_raw_errors(self.user) else exc.public) from None
         except ValueError:  # a port out of range
@@ -49,8 +55,11 @@ class WebhookForm(forms.Form):
 @login_required
 def alerts_page(request: HttpRequest) -> HttpResponse:
     resolved = Alert.objects.filter(status=AlertStatus.RESOLVED).select_related("deployment", "node")
-    context = {"unresolved": alerts.open_alerts(), "resolved": resolved.order_by("-resolved")[:RECENT_RESOLVED],
-               "disabled": Channel.objects.filter(enabled=False).exclude(disabled_reason="").select_related("owner")}
+    context = {
+        "unresolved": alerts.open_alerts(),
+        "resolved": resolved.order_by("-resolved")[:RECENT_RESOLVED],
+        "disabled": Channel.objects.filter(enabled=False).exclude(disabled_reason="").select_related("owner"),
+    }
     return render(request, "dashboard/alerts.html", context)
 
 
@@ -58,15 +67,23 @@ def alerts_page(request: HttpRequest) -> HttpResponse:
 def alert_page(request: HttpRequest, pk: int) -> HttpResponse:
     alert = get_object_or_404(Alert.objects.select_related("deployment", "node", "acknowledged_by"), pk=pk)
     evidence = alert.evidence or {}
-    context = {"alert": alert, "events": alert.events.all(), "series": evidence.get("series"),
-               "findings": evidence.get("log_findings", []), "facts": evidence_facts(evidence),
-               "notifications": alert.notifications.select_related("channel", "event")[:50]}
+    context = {
+        "alert": alert,
+        "events": alert.events.all(),
+        "series": evidence.get("series"),
+        "findings": evidence.get("log_findings", []),
+        "facts": evidence_facts(evidence),
+        "notifications": alert.notifications.select_related("channel", "event")[:50],
+    }
     return render(request, "dashboard/alert.html", context)
 
 
 def evidence_facts(evidence: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(name.replace("_", " "), value if isinstance(value, str) else browser_json.dumps(value))
-            for name, value in evidence.items() if name not in DRAWN_EVIDENCE]
+    return [
+        (name.replace("_", " "), value if isinstance(value, str) else browser_json.dumps(value))
+        for name, value in evidence.items()
+        if name not in DRAWN_EVIDENCE
+    ]
 
 
 @login_required
@@ -118,7 +135,9 @@ def change_channels(request: HttpRequest, form: WebhookForm) -> bool:
         roles.check(request.user, roles.WEBHOOKS)
         if not form.is_valid():
             return False
-        Channel.objects.get_or_create(owner=request.user, kind=ChannelKind.WEBHOOK, value=form.cleaned_data["url"])
+        Channel.objects.get_or_create(
+            owner=request.user, kind=ChannelKind.WEBHOOK, value=form.cleaned_data["url"]
+        )
         return True
     pk = request.POST.get("channel", "")
     channel = get_object_or_404(Channel, pk=int(pk) if pk.isdigit() else 0, owner=request.user)

@@ -35,14 +35,33 @@ RETRY_DELAYS = (timedelta(minutes=1), timedelta(minutes=5))
 CONTENT_FIELDS = ("kind", "severity", "title", "cause", "remedy", "evidence", "actions", "deployment", "node")
 
 
-def raise_alert(*, key: str, kind: str, title: str, cause: str, remedy: str,
-                severity: str = AlertSeverity.CRITICAL, evidence: dict[str, Any] | None = None,
-                actions: dict[str, Any] | None = None, deployment: Deployment | None = None,
-                node: Node | None = None, batch: Batch | None = None) -> Alert:
+def raise_alert(
+    *,
+    key: str,
+    kind: str,
+    title: str,
+    cause: str,
+    remedy: str,
+    severity: str = AlertSeverity.CRITICAL,
+    evidence: dict[str, Any] | None = None,
+    actions: dict[str, Any] | None = None,
+    deployment: Deployment | None = None,
+    node: Node | None = None,
+    batch: Batch | None = None,
+) -> Alert:
     """Open the alert for `key`, or refresh the unresolved one (evidence and text; no event, no mail).
     Notifications of an opened alert are delivered by the caller queuing `batch.jobs()`, else by the beat."""
-    content = {"kind": kind, "severity": severity, "title": title, "cause": cause, "remedy": remedy,
-               "evidence": evidence or {}, "actions": actions or {}, "deployment": deployment, "node": node}
+    content = {
+        "kind": kind,
+        "severity": severity,
+        "title": title,
+        "cause": cause,
+        "remedy": remedy,
+        "evidence": evidence or {},
+        "actions": actions or {},
+        "deployment": deployment,
+        "node": node,
+    }
     check_alert_input(key, content)
     existing = Alert.objects.unresolved().filter(key=key).first()
     if existing is not None:
@@ -111,8 +130,17 @@ def sync(problems: list[Problem], judged: set[str]) -> list[Job]:
 
 
 def problem_content(p: Problem) -> dict[str, Any]:
-    return {"kind": p.kind, "severity": p.severity, "title": p.title, "cause": p.cause, "remedy": p.remedy,
-            "evidence": p.evidence or {}, "actions": p.actions or {}, "deployment": p.deployment, "node": p.node}
+    return {
+        "kind": p.kind,
+        "severity": p.severity,
+        "title": p.title,
+        "cause": p.cause,
+        "remedy": p.remedy,
+        "evidence": p.evidence or {},
+        "actions": p.actions or {},
+        "deployment": p.deployment,
+        "node": p.node,
+    }
 
 
 def differs(alert: Alert, content: dict[str, Any]) -> bool:
@@ -161,8 +189,12 @@ def open_alerts(kind: str | None = None) -> QuerySet[Alert]:
 def acknowledge(alert: Alert, user: Any, batch: Batch | None = None) -> AlertEvent | None:
     """An operator is on it: the alert stays until resolved but stops asking. None if it was not open."""
     with transaction.atomic():
-        event = alert.move_to(AlertStatus.ACKNOWLEDGED, f"acknowledged by {user.get_username()}",
-                              acknowledged=timezone.now(), acknowledged_by=user)
+        event = alert.move_to(
+            AlertStatus.ACKNOWLEDGED,
+            f"acknowledged by {user.get_username()}",
+            acknowledged=timezone.now(),
+            acknowledged_by=user,
+        )
         if event is not None:
             changed(alert, event, batch)
     return event
@@ -175,7 +207,9 @@ def check_alert_input(key: str, content: dict[str, Any]) -> None:
         if not isinstance(content[name], str) or not content[name].strip():
             raise ValueError(f"alert {key}: {name} must be a non-empty string, not {content[name]!r}")
     if content["severity"] not in dict(AlertSeverity.choices()):
-        raise ValueError(f"alert {key}: severity {content['severity']!r} is not one of {list(dict(AlertSeverity.choices()))}")
+        raise ValueError(
+            f"alert {key}: severity {content['severity']!r} is not one of {list(dict(AlertSeverity.choices()))}"
+        )
     for name in ("evidence", "actions"):
         if not isinstance(content[name], dict):
             raise ValueError(f"alert {key}: {name} must be a dict, not {type(content[name]).__name__}")
@@ -211,8 +245,11 @@ def operator_channels() -> list[Channel]:
 
 
 def queue_notifications(alert: Alert, event: AlertEvent, channels: list[Channel]) -> list[Notification]:
-    rows = [Notification(alert=alert, event=event, channel=channel) for channel in channels
-            if not transport_for(channel).is_noop(event)]
+    rows = [
+        Notification(alert=alert, event=event, channel=channel)
+        for channel in channels
+        if not transport_for(channel).is_noop(event)
+    ]
     return Notification.objects.bulk_create(rows)
 
 
@@ -251,7 +288,9 @@ def deliver(notification: Notification) -> None:
 
 def skip_reason(notification: Notification) -> str:
     if not notification.channel.enabled:  # the reason may be a raw transport error: not repeated here
-        return "channel disabled" + (" after a failed delivery" if notification.channel.disabled_reason else "")
+        return "channel disabled" + (
+            " after a failed delivery" if notification.channel.disabled_reason else ""
+        )
     if notification.attempt > 1 and notification.alert.status != notification.event.new_status:
         return f"superseded: the alert is {notification.alert.status} now"  # a late retry would mislead
     return ""
@@ -261,6 +300,8 @@ def failed(notification: Notification, exc: TransportError, duration: float) -> 
     notification.finish(NotificationStatus.FAILED, exc.message, duration)
     notification.channel.record_outcome(exc.message)
     if exc.permanent:
-        notification.channel.disable(f"{exc.message} (permanent error on {timezone.now():%Y-%m-%d %H:%M} UTC)")
+        notification.channel.disable(
+            f"{exc.message} (permanent error on {timezone.now():%Y-%m-%d %H:%M} UTC)"
+        )
     elif notification.attempt <= len(RETRY_DELAYS):
         notification.retry_later(RETRY_DELAYS[notification.attempt - 1])

@@ -27,7 +27,9 @@ from dashboard.live import FLEET_GROUP, FleetFanout, agent_group, announce_node
 from dashboard.models import AgentToken, Node
 
 log = logging.getLogger(__name__)
-_buffers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ingest.IngestBuffer] = weakref.WeakKeyDictionary()
+_buffers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ingest.IngestBuffer] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def ingest_buffer() -> ingest.IngestBuffer:
@@ -101,8 +103,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
             log.warning("agent %s: rejected frame: %s", self.node.name, exc.message)
             await self.send(protocol.error(exc.code, exc.message))
 
-    async def handle(self, message: protocol.Hello | protocol.Samples | protocol.LogTail | protocol.DeploymentStatus
-                     | protocol.Metrics) -> None:
+    async def handle(
+        self,
+        message: protocol.Hello
+        | protocol.Samples
+        | protocol.LogTail
+        | protocol.DeploymentStatus
+        | protocol.Metrics,
+    ) -> None:
         if isinstance(message, protocol.Hello):
             await self.hello(message)
         elif self.gpu_ids is None:
@@ -126,7 +134,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         try:
             self.gpu_ids = await database_sync_to_async(ingest.apply_hello)(node, message)
         except (DatabaseError, *ingest.REFUSALS) as exc:
-            raise protocol.ProtocolError("hello_refused", f"the server could not store this hello: {exc}") from None
+            raise protocol.ProtocolError(
+                "hello_refused", f"the server could not store this hello: {exc}"
+            ) from None
         self.node, self.accepted_seq, self.stored_seq = node, node.last_seq, node.last_seq
         self.accepted_at = watermark_moved.timestamp()
         await self.send(protocol.welcome(node.name, node.last_seq))
@@ -142,7 +152,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def agent_replaced(self, event: dict) -> None:
         """A newer connection of this node's agent: it takes over, this one is closed."""
         self.closing = self.replaced = True
-        await self.send(protocol.error("replaced", "a newer connection of this node's agent replaced this one"))
+        await self.send(
+            protocol.error("replaced", "a newer connection of this node's agent replaced this one")
+        )
         await self.close(protocol.CLOSE_REPLACED)
 
     async def agent_revoked(self, event: dict) -> None:
@@ -152,20 +164,32 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.send(protocol.error("unauthorized", "agent token revoked"))
             await self.close(protocol.CLOSE_UNAUTHORIZED)
 
-    def enqueue(self, message: protocol.Samples | protocol.LogTail | protocol.DeploymentStatus | protocol.Metrics) -> None:
+    def enqueue(
+        self, message: protocol.Samples | protocol.LogTail | protocol.DeploymentStatus | protocol.Metrics
+    ) -> None:
         rows, logs, report, sampled_at = [], [], None, 0.0
         if isinstance(message, protocol.Samples):
             unknown = {s.index for s in message.gpus} - set(self.gpu_ids)
             if unknown:
-                raise protocol.ProtocolError("unknown_gpu", f"GPU index {sorted(unknown)} not announced in hello")
+                raise protocol.ProtocolError(
+                    "unknown_gpu", f"GPU index {sorted(unknown)} not announced in hello"
+                )
             rows, sampled_at = ingest.sample_rows(message, self.gpu_ids), message.t
         elif isinstance(message, protocol.LogTail):
             logs = [ingest.log_row(message, self.node.pk, self.node.boot_id)]
         else:
             report = message
         self.accepted_seq = message.seq
-        pending = ingest.Pending(self.node.pk, message.seq, rows, logs, self.acknowledge, report, sampled_at,
-                                 on_failed=self.not_stored)
+        pending = ingest.Pending(
+            self.node.pk,
+            message.seq,
+            rows,
+            logs,
+            self.acknowledge,
+            report,
+            sampled_at,
+            on_failed=self.not_stored,
+        )
         ingest_buffer().add(pending)
 
     async def acknowledge(self, seq: int) -> None:
@@ -179,7 +203,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.send(protocol.error("store_refused", f"seq {item.seq} was not stored: {item.refused}"))
         elif not self.closing:
             self.closing = True
-            await self.send(protocol.error("store_failed", f"seq {item.seq} could not be stored now; send it again"))
+            await self.send(
+                protocol.error("store_failed", f"seq {item.seq} could not be stored now; send it again")
+            )
             await self.close(protocol.CLOSE_RETRY)
 
 

@@ -43,11 +43,19 @@ def fleet_cluster(nodes: list[Node] | None = None) -> dict[str, Any]:
 
 def _node_entry(node: Node, latest: dict) -> dict[str, Any]:
     topo = node.topology or {}
-    entry: dict[str, Any] = {"name": node.name, "network_gbps": node.network_gbps, "rdma": node.rdma,
-                             "gpus": [_gpu_entry(g, latest.get(g.pk)) for g in node.gpus.all()]}
+    entry: dict[str, Any] = {
+        "name": node.name,
+        "network_gbps": node.network_gbps,
+        "rdma": node.rdma,
+        "gpus": [_gpu_entry(g, latest.get(g.pk)) for g in node.gpus.all()],
+    }
     if topo.get("links"):
-        entry["topology"] = {"kind": "matrix", "gpus": topo.get("gpus", []), "nics": topo.get("nics", []),
-                             "links": topo["links"]}
+        entry["topology"] = {
+            "kind": "matrix",
+            "gpus": topo.get("gpus", []),
+            "nics": topo.get("nics", []),
+            "links": topo["links"],
+        }
     if isinstance(topo.get("p2p"), dict) and topo["p2p"].get("r"):
         entry["p2p"] = {"kind": "p2p", "mode": "r", "gpus": topo.get("gpus", []), "links": topo["p2p"]["r"]}
     return entry
@@ -73,10 +81,17 @@ def run_plan_request(request_id: int) -> PlanRequest:
     except PlacementError as exc:
         finish_planning(row, PlanStatus.FAILED, str(exc))
     except Exception as exc:  # a plan request always ends, whatever broke
-        log.error("plan request %s: planning raised %s (message withheld: it may quote a file)\n%s", row.pk,
-                  type(exc).__name__, "".join(traceback.format_tb(exc.__traceback__)).rstrip())
-        finish_planning(row, PlanStatus.FAILED, f"planning failed on the server ({type(exc).__name__}); the "
-                        "Celery worker's log says where")
+        log.error(
+            "plan request %s: planning raised %s (message withheld: it may quote a file)\n%s",
+            row.pk,
+            type(exc).__name__,
+            "".join(traceback.format_tb(exc.__traceback__)).rstrip(),
+        )
+        finish_planning(
+            row,
+            PlanStatus.FAILED,
+            f"planning failed on the server ({type(exc).__name__}); the Celery worker's log says where",
+        )
     return row
 
 
@@ -96,8 +111,14 @@ def compute_plans(row: PlanRequest) -> dict[str, Any]:
         raise PlacementError("no node has reported its GPUs yet: start an agent first")
     cluster = load_cluster(fleet)
     gpus = tuple(int(g) for g in row.gpus.split(",") if g.strip()) or None
-    request = Request(max_model_len=row.max_model_len, concurrency=row.concurrency, gpus=gpus, tp=row.tp,
-                      node=row.node.name if row.node else None, backend=row.backend or None)
+    request = Request(
+        max_model_len=row.max_model_len,
+        concurrency=row.concurrency,
+        gpus=gpus,
+        tp=row.tp,
+        node=row.node.name if row.node else None,
+        backend=row.backend or None,
+    )
     return plan(request_model(row), cluster, request).to_json(limit=PLAN_LIMIT, rejected_limit=REJECTED_LIMIT)
 
 
@@ -118,7 +139,9 @@ def desired_launches(node: Node) -> list[str]:
     """Launch frames for every deployment that should be running on `node` (sent when its agent says hello):
     those it heads, and the multi-node ones it is a further member of (once their launch was sent)."""
     active = node.deployments.filter(state__in=DeploymentState.ACTIVE)
-    members = node.deployment_members.filter(deployment__state__in=DeploymentState.ACTIVE, launch__isnull=False)
+    members = node.deployment_members.filter(
+        deployment__state__in=DeploymentState.ACTIVE, launch__isnull=False
+    )
     return [protocol.dump(d.launch_command()) for d in active] + [json.dumps(m.launch) for m in members]
 
 
@@ -144,15 +167,25 @@ def launch_for(deployment_id: str, plan: Plan, node: Node, model_ref: str) -> pr
     multi = plan.multi_node
     backend = stand_in_on_simulated_node(plan.backend, model_ref, multi) if node.simulated else plan.backend
     if multi and backend not in MULTI_NODE_BACKENDS:
-        raise DeployError(f"{plan.backend} across nodes (llama.cpp RPC) cannot be launched by layercake: start "
-                          f"rpc-server on the other nodes and run the plan's commands by hand")
+        raise DeployError(
+            f"{plan.backend} across nodes (llama.cpp RPC) cannot be launched by layercake: start "
+            f"rpc-server on the other nodes and run the plan's commands by hand"
+        )
     env = {k: str(v) for k, v in (plan.env or {}).items() if k in FORWARDED_ENV}
     model = model_ref if backend != "simulated" else _served_name(model_ref)
     gpus = plan.gpus_on(node.name) if multi else plan.head_gpus
     options = launch_options(plan, backend, node if multi else None)
     try:
-        return protocol.Launch(type="launch", v=1, deployment=deployment_id, backend=backend, model=model,
-                               gpus=gpus, options=options, env=env)
+        return protocol.Launch(
+            type="launch",
+            v=1,
+            deployment=deployment_id,
+            backend=backend,
+            model=model,
+            gpus=gpus,
+            options=options,
+            env=env,
+        )
     except ValueError as exc:
         raise DeployError(f"this plan cannot be sent to the agent: {exc}") from None
 
@@ -185,7 +218,9 @@ def launch_options(plan: Plan, backend: str, head: Node | None = None) -> protoc
 
 def head_address(node: Node) -> str:
     if not node.reach_address:
-        raise DeployError(f"node {node.name} has no address the other nodes could reach it at: set one in the admin")
+        raise DeployError(
+            f"node {node.name} has no address the other nodes could reach it at: set one in the admin"
+        )
     return node.reach_address
 
 
@@ -196,14 +231,25 @@ def create_deployment(row: PlanRequest, number: int, user, override_busy: bool =
     if plan_data is None:
         raise DeployError(f"plan {number + 1} does not exist for this request")
     if plan_data.needs_override and not override_busy:
-        raise DeployError("this plan needs GPUs that are already in use; tick 'deploy onto busy GPUs' to override")
+        raise DeployError(
+            "this plan needs GPUs that are already in use; tick 'deploy onto busy GPUs' to override"
+        )
     head, *others = plan_nodes(plan_data)
-    deployment = Deployment(name=_served_name(row.model_ref), created_by=user, plan_request=row, plan=plan_data.to_json(),
-                            node=head, override_busy=override_busy, launch={})
+    deployment = Deployment(
+        name=_served_name(row.model_ref),
+        created_by=user,
+        plan_request=row,
+        plan=plan_data.to_json(),
+        node=head,
+        override_busy=override_busy,
+        launch={},
+    )
     deployment.launch = launch_for(deployment.pk, plan_data, head, row.model_ref).model_dump()
     deployment.save()
     for rank, node in enumerate(others, start=1):
-        DeploymentMember.objects.create(deployment=deployment, node=node, rank=rank, gpus=plan_data.gpus_on(node.name))
+        DeploymentMember.objects.create(
+            deployment=deployment, node=node, rank=rank, gpus=plan_data.gpus_on(node.name)
+        )
     return deployment
 
 
@@ -225,9 +271,17 @@ def follow_head(deployment: Deployment, status: protocol.DeploymentStatus) -> li
     """A multi-node head that is up reports its rendezvous port; then the other nodes are launched to join it.
     A head that failed takes the others down: they would wait for it in NCCL until a timeout.
     Returns the tasks to queue once the caller's transaction commits."""
-    if status.state == DeploymentState.FAILED and deployment.desired == DesiredState.RUNNING and deployment.members.exists():
+    if (
+        status.state == DeploymentState.FAILED
+        and deployment.desired == DesiredState.RUNNING
+        and deployment.members.exists()
+    ):
         return [StopProcesses(deployment.pk)]
-    if status.dist_port is None or status.state not in DeploymentState.ACTIVE or deployment.desired != DesiredState.RUNNING:
+    if (
+        status.dist_port is None
+        or status.state not in DeploymentState.ACTIVE
+        or deployment.desired != DesiredState.RUNNING
+    ):
         return []
     if status.dist_port == deployment.dist_port:
         return []
@@ -236,12 +290,16 @@ def follow_head(deployment: Deployment, status: protocol.DeploymentStatus) -> li
     return [LaunchMembers(deployment.pk)]
 
 
-def apply_member_status(deployment: Deployment, member: DeploymentMember,
-                        status: protocol.DeploymentStatus) -> list[Job]:
+def apply_member_status(
+    deployment: Deployment, member: DeploymentMember, status: protocol.DeploymentStatus
+) -> list[Job]:
     """A further node reported. Its failure fails the deployment, and the rest are stopped: a model split
     across nodes cannot run with a node missing (the survivors would wait in NCCL until a timeout).
     Returns the tasks to queue once the caller's transaction commits."""
-    if deployment.desired == DesiredState.STOPPED and status.state not in (DeploymentState.STOPPED, DeploymentState.FAILED):
+    if deployment.desired == DesiredState.STOPPED and status.state not in (
+        DeploymentState.STOPPED,
+        DeploymentState.FAILED,
+    ):
         return []
     asked_to_stop = member.state == DeploymentState.STOPPING
     member.apply_status(status)
@@ -281,10 +339,15 @@ def lost_launches(now: datetime, grace_s: float) -> tuple[list[Deployment], list
     """Heads and further nodes marked launching over `grace_s` ago that their agent has not reported on since
     (it reports the server's pid once it starts one): a worker killed between marking and sending lost the
     launch, and the broker gives the task back only after its visibility timeout."""
-    waiting = {"state": DeploymentState.LAUNCHING, "pid__isnull": True,
-               "state_since__lt": now - timedelta(seconds=grace_s)}
+    waiting = {
+        "state": DeploymentState.LAUNCHING,
+        "pid__isnull": True,
+        "state_since__lt": now - timedelta(seconds=grace_s),
+    }
     heads = Deployment.objects.filter(desired=DesiredState.RUNNING, **waiting).select_related("node")
-    members = DeploymentMember.objects.filter(deployment__desired=DesiredState.RUNNING, launch__isnull=False, **waiting)
+    members = DeploymentMember.objects.filter(
+        deployment__desired=DesiredState.RUNNING, launch__isnull=False, **waiting
+    )
     return list(heads), list(members.select_related("node", "deployment"))
 
 
@@ -296,7 +359,9 @@ def note_resent(target: Deployment | DeploymentMember, now: datetime) -> None:
     who = "" if isinstance(target, Deployment) else f"{target.node.name} (rank {target.rank}): "
     deployment = target.deployment if who else target
     if not deployment.events.filter(t__gte=target.state_since, detail__startswith=who + RESENT).exists():
-        DeploymentEvent.objects.create(deployment=deployment, state=DeploymentState.LAUNCHING, detail=who + detail)
+        DeploymentEvent.objects.create(
+            deployment=deployment, state=DeploymentState.LAUNCHING, detail=who + detail
+        )
 
 
 # ---- plan requests whose worker died -----------------------------------------------------------------------
@@ -309,7 +374,8 @@ def sweep_stale_plans(now: datetime, stale_after_s: float) -> tuple[list[PlanReq
     queued again; then it fails with the reason. A re-queued request that no worker started is failed too."""
     cutoff = now - timedelta(seconds=stale_after_s)
     stale = PlanRequest.objects.filter(status_since__lt=cutoff).filter(
-        Q(status=PlanStatus.RUNNING) | Q(status=PlanStatus.QUEUED, attempts__gt=0))
+        Q(status=PlanStatus.RUNNING) | Q(status=PlanStatus.QUEUED, attempts__gt=0)
+    )
     again, failed = [], []
     for row in stale:
         if move_stale_plan(row, now, stale_after_s):
@@ -320,9 +386,12 @@ def sweep_stale_plans(now: datetime, stale_after_s: float) -> tuple[list[PlanReq
 def move_stale_plan(row: PlanRequest, now: datetime, stale_after_s: float) -> bool:
     """Queue `row` again or fail it, only if it is still as the sweep saw it: a task that finished meanwhile wins."""
     retry = row.status == PlanStatus.RUNNING and row.attempts < PLAN_ATTEMPTS
-    status, error = (PlanStatus.QUEUED, "") if retry else (PlanStatus.FAILED, stale_plan_text(row, stale_after_s))
+    status, error = (
+        (PlanStatus.QUEUED, "") if retry else (PlanStatus.FAILED, stale_plan_text(row, stale_after_s))
+    )
     moved = PlanRequest.objects.filter(pk=row.pk, status=row.status, status_since=row.status_since).update(
-        status=status, error=error, status_since=now)
+        status=status, error=error, status_since=now
+    )
     if moved:
         row.status, row.error, row.status_since = status, error, now
     return bool(moved)
@@ -330,7 +399,11 @@ def move_stale_plan(row: PlanRequest, now: datetime, stale_after_s: float) -> bo
 
 def stale_plan_text(row: PlanRequest, stale_after_s: float) -> str:
     if row.status == PlanStatus.QUEUED:
-        return (f"planning was queued again after its worker stopped, but no worker started it within "
-                f"{stale_after_s:.0f} s: check that the Celery worker is running, then plan again")
-    return (f"planning stopped without finishing {row.attempts} times (no result after {stale_after_s:.0f} s "
-            f"each time): the Celery worker was killed or restarted while planning; see its log, then plan again")
+        return (
+            f"planning was queued again after its worker stopped, but no worker started it within "
+            f"{stale_after_s:.0f} s: check that the Celery worker is running, then plan again"
+        )
+    return (
+        f"planning stopped without finishing {row.attempts} times (no result after {stale_after_s:.0f} s "
+        f"each time): the Celery worker was killed or restarted while planning; see its log, then plan again"
+    )

@@ -35,14 +35,26 @@ LOG_TAILS: dict[str, tuple[int | None, list[str], LogScanner]] = {}
 CLOCK_SLACK_S = 30.0
 
 XID_MEANINGS = {
-    13: ("Graphics engine exception", "usually the application or driver: check the server's log for an illegal access"),
+    13: (
+        "Graphics engine exception",
+        "usually the application or driver: check the server's log for an illegal access",
+    ),
     31: ("GPU memory page fault", "usually an application bug (illegal address); restart the server"),
     43: ("GPU stopped processing", "the GPU hung; restart the application, reset the GPU if it recurs"),
-    48: ("Double-bit ECC error", "uncorrectable memory error: drain the node, reset the GPU, replace it if it recurs"),
-    79: ("GPU has fallen off the bus", "the GPU is gone from PCIe: cold reboot the node; check power, riser, seating"),
+    48: (
+        "Double-bit ECC error",
+        "uncorrectable memory error: drain the node, reset the GPU, replace it if it recurs",
+    ),
+    79: (
+        "GPU has fallen off the bus",
+        "the GPU is gone from PCIe: cold reboot the node; check power, riser, seating",
+    ),
     94: ("Contained ECC error", "restart the application that hit it; other processes may keep running"),
     95: ("Uncontained ECC error", "reset the GPU (all processes on it are affected)"),
-    119: ("GSP RPC timeout", "the GPU firmware stopped answering: reset the GPU or reboot; update the driver"),
+    119: (
+        "GSP RPC timeout",
+        "the GPU firmware stopped answering: reset the GPU or reboot; update the driver",
+    ),
 }
 
 
@@ -66,8 +78,16 @@ def deployment_problems(d: Deployment, now: datetime, settled: frozenset[str] = 
     """What is wrong with `d` now. For keys in `settled` (their alert is open and its evidence recent) a
     rule only confirms the problem and skips gathering evidence again."""
     verdict, lines = scan_logs(d, now)
-    found = [p for p in (stall(d, now, verdict, lines, settled), startup_overdue(d, now, verdict, lines),
-                         crashed(d, verdict, lines), unload_stuck(d, now, lines)) if p]
+    found = [
+        p
+        for p in (
+            stall(d, now, verdict, lines, settled),
+            startup_overdue(d, now, verdict, lines),
+            crashed(d, verdict, lines),
+            unload_stuck(d, now, lines),
+        )
+        if p
+    ]
     if not found and verdict.verdict != "healthy" and d.state != DeploymentState.FAILED:
         found.append(log_signature(d, verdict, lines, settled))
     for problem in found:
@@ -95,7 +115,10 @@ def log_state(d: Deployment) -> tuple[datetime | None, list[str], LogScanner]:
         return last, *scanned(log_tail(d, LOG_LINES_SCANNED))
     cached = LOG_TAILS.get(d.pk)
     if cached is None or cached[0] != d.last_log_pk:
-        cached = LOG_TAILS[d.pk] = (d.last_log_pk, *scanned(log_tail(d, LOG_LINES_SCANNED) if d.last_log_pk else []))
+        cached = LOG_TAILS[d.pk] = (
+            d.last_log_pk,
+            *scanned(log_tail(d, LOG_LINES_SCANNED) if d.last_log_pk else []),
+        )
     return d.last_log_t, cached[1], cached[2]
 
 
@@ -108,13 +131,17 @@ def scanned(lines: list[str]) -> tuple[list[str], LogScanner]:
 def fleet_queryset() -> QuerySet[Deployment]:
     """Every deployment not stopped, with what the rules read of its node and its newest log chunk."""
     newest = LogChunk.objects.filter(node=OuterRef("node"), source=OuterRef("pk")).order_by("-t", "-seq")
-    return (Deployment.objects.select_related("node", "plan_request").prefetch_related("node__links")
-            .exclude(state=DeploymentState.STOPPED)
-            .annotate(last_log_t=Subquery(newest.values("t")[:1]), last_log_pk=Subquery(newest.values("pk")[:1])))
+    return (
+        Deployment.objects.select_related("node", "plan_request")
+        .prefetch_related("node__links")
+        .exclude(state=DeploymentState.STOPPED)
+        .annotate(last_log_t=Subquery(newest.values("t")[:1]), last_log_pk=Subquery(newest.values("pk")[:1]))
+    )
 
 
-def stall(d: Deployment, now: datetime, verdict: Verdict, lines: list[str],
-          settled: frozenset[str] = frozenset()) -> Problem | None:
+def stall(
+    d: Deployment, now: datetime, verdict: Verdict, lines: list[str], settled: frozenset[str] = frozenset()
+) -> Problem | None:
     """Requests in flight and no token, step or prompt progress for the stall window."""
     counters = d.last_counters or {}
     owed = (counters.get("requests_running") or 0) + (counters.get("requests_waiting") or 0)
@@ -128,22 +155,37 @@ def stall(d: Deployment, now: datetime, verdict: Verdict, lines: list[str],
     gpus = gpu_pattern(d, now)
     cause, remedy, actions = stall_cause(d, gpus)
     title = f"{d.name} on {d.node.name}: no tokens for {stuck:.0f} s with {owed:.0f} request(s) in flight"
-    evidence = {"series": counter_series(d, now), "log": lines[-40:], "gpus": gpus,
-                "log_findings": findings_json(verdict), "stuck_s": round(stuck)}
+    evidence = {
+        "series": counter_series(d, now),
+        "log": lines[-40:],
+        "gpus": gpus,
+        "log_findings": findings_json(verdict),
+        "stuck_s": round(stuck),
+    }
     return Problem(f"stall:{d.pk}", "stall", title, cause, remedy, evidence, actions)
 
 
 def stall_cause(d: Deployment, gpus: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     weak = weak_tp_links(d)
-    spin = " GPU utilization is pinned near 100 % with no tokens: NCCL is spinning in a collective." \
-        if gpus.get("pattern") == "spin" else ""
-    idle = " GPU memory is full and utilization is 0: the GPUs wait on each other or on the host." \
-        if gpus.get("pattern") == "idle-full" else ""
+    spin = (
+        " GPU utilization is pinned near 100 % with no tokens: NCCL is spinning in a collective."
+        if gpus.get("pattern") == "spin"
+        else ""
+    )
+    idle = (
+        " GPU memory is full and utilization is 0: the GPUs wait on each other or on the host."
+        if gpus.get("pattern") == "idle-full"
+        else ""
+    )
     if weak:
-        cause = (f"Tensor parallelism (TP={d.chosen_plan.tp}) all-reduces twice per layer per token across "
-                 f"{weak}, which has no P2P; NCCL collectives over such links can hang.{spin}{idle}")
-        remedy = ("Restart with NCCL_P2P_DISABLE=1 (and --disable-custom-all-reduce), check ACS/IOMMU on the "
-                  "host, or re-plan without tensor parallelism across these links (pipeline / layer split).")
+        cause = (
+            f"Tensor parallelism (TP={d.chosen_plan.tp}) all-reduces twice per layer per token across "
+            f"{weak}, which has no P2P; NCCL collectives over such links can hang.{spin}{idle}"
+        )
+        remedy = (
+            "Restart with NCCL_P2P_DISABLE=1 (and --disable-custom-all-reduce), check ACS/IOMMU on the "
+            "host, or re-plan without tensor parallelism across these links (pipeline / layer split)."
+        )
         return cause, remedy, {"replan": replan_fields(d, tp=1)}
     cause = f"The server holds requests but stopped producing tokens.{spin}{idle}"
     remedy = "Look at the log tail below; restart the deployment. If it recurs, capture py-spy dumps of the workers."
@@ -156,16 +198,23 @@ def weak_tp_links(d: Deployment) -> str:
     if plan.tp < 2:
         return ""
     gpus = {f"GPU{i}" for i in plan.head_gpus}
-    weak = [f"{x.a}-{x.b} ({x.link}, P2P {x.p2p_read or 'unknown'})" for x in d.node.links.all()
-            if {x.a, x.b} <= gpus and x.link in ("PHB", "NODE", "SYS", "SOC") and x.p2p_read != "OK"]
+    weak = [
+        f"{x.a}-{x.b} ({x.link}, P2P {x.p2p_read or 'unknown'})"
+        for x in d.node.links.all()
+        if {x.a, x.b} <= gpus and x.link in ("PHB", "NODE", "SYS", "SOC") and x.p2p_read != "OK"
+    ]
     return ", ".join(weak[:6])
 
 
 def replan_fields(d: Deployment, **constraints: Any) -> dict[str, Any]:
     request = d.plan_request
-    return {"model_ref": request.model_ref if request else d.name, "node": d.node.name,
-            "max_model_len": request.max_model_len if request else _planned_context(d),
-            "concurrency": request.concurrency if request else 1, **constraints}
+    return {
+        "model_ref": request.model_ref if request else d.name,
+        "node": d.node.name,
+        "max_model_len": request.max_model_len if request else _planned_context(d),
+        "concurrency": request.concurrency if request else 1,
+        **constraints,
+    }
 
 
 def _planned_context(d: Deployment) -> int | None:
@@ -191,15 +240,24 @@ def startup_overdue(d: Deployment, now: datetime, verdict: Verdict, lines: list[
 def startup_cause(d: Deployment, phase: str) -> tuple[str, str, dict[str, Any]]:
     weak = weak_tp_links(d)
     if phase == "nccl-init" and weak:
-        return (f"NCCL initialisation never finished; the TP group spans {weak} without P2P.",
-                "Restart with NCCL_P2P_DISABLE=1, check ACS/IOMMU, or re-plan without TP across these links.",
-                {"replan": replan_fields(d, tp=1)})
+        return (
+            f"NCCL initialisation never finished; the TP group spans {weak} without P2P.",
+            "Restart with NCCL_P2P_DISABLE=1, check ACS/IOMMU, or re-plan without TP across these links.",
+            {"replan": replan_fields(d, tp=1)},
+        )
     if phase == "nccl-init":
-        return ("NCCL initialisation never finished (a rank is missing or a link is blocked).",
-                "Check that every rank started, NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME name the right NIC, "
-                "and run with NCCL_DEBUG=INFO.", {})
-    return (f"The server has been in {phase} longer than its startup deadline ({d.startup_deadline_s:.0f} s) "
-            "without loading progress.", "Check the log tail and the model path/storage speed; restart it.", {})
+        return (
+            "NCCL initialisation never finished (a rank is missing or a link is blocked).",
+            "Check that every rank started, NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME name the right NIC, "
+            "and run with NCCL_DEBUG=INFO.",
+            {},
+        )
+    return (
+        f"The server has been in {phase} longer than its startup deadline ({d.startup_deadline_s:.0f} s) "
+        "without loading progress.",
+        "Check the log tail and the model path/storage speed; restart it.",
+        {},
+    )
 
 
 def crashed(d: Deployment, verdict: Verdict, lines: list[str]) -> Problem | None:
@@ -209,8 +267,14 @@ def crashed(d: Deployment, verdict: Verdict, lines: list[str]) -> Problem | None
     first = verdict.findings[0] if verdict.findings else None
     cause = first.meaning if first else f"The inference server died ({reason})."
     remedy = first.advice if first else "Read the last log lines below; fix the cause and press Restart."
-    return Problem(f"crashed:{d.pk}", "crashed", f"{d.name} on {d.node.name} failed ({reason})", cause, remedy,
-                   {"log": lines[-40:], "log_findings": findings_json(verdict), "exit_code": d.exit_code})
+    return Problem(
+        f"crashed:{d.pk}",
+        "crashed",
+        f"{d.name} on {d.node.name} failed ({reason})",
+        cause,
+        remedy,
+        {"log": lines[-40:], "log_findings": findings_json(verdict), "exit_code": d.exit_code},
+    )
 
 
 def unload_stuck(d: Deployment, now: datetime, lines: list[str]) -> Problem | None:
@@ -223,10 +287,20 @@ def unload_stuck(d: Deployment, now: datetime, lines: list[str]) -> Problem | No
         return None
     secs, allow = f"{overdue:.0f}", f"{UNLOADING.allowance:.0f}"
     title = f"{d.name} on {d.node.name}: model stuck in 'Stopping...' for {secs} s"
-    evidence = {"log": lines[-40:], "unload_overdue_s": round(overdue), "allowed_s": UNLOADING.allowance,
-                "scraped_at": datetime.fromtimestamp(d.last_counters_t, tz=UTC).isoformat()}
-    return Problem(f"unload:{d.pk}", "unload", title, UNLOADING.meaning.format(secs=secs, allow=allow),
-                   UNLOADING.advice, evidence)
+    evidence = {
+        "log": lines[-40:],
+        "unload_overdue_s": round(overdue),
+        "allowed_s": UNLOADING.allowance,
+        "scraped_at": datetime.fromtimestamp(d.last_counters_t, tz=UTC).isoformat(),
+    }
+    return Problem(
+        f"unload:{d.pk}",
+        "unload",
+        title,
+        UNLOADING.meaning.format(secs=secs, allow=allow),
+        UNLOADING.advice,
+        evidence,
+    )
 
 
 def counters_current(d: Deployment, now: datetime) -> bool:
@@ -238,7 +312,9 @@ def counters_current(d: Deployment, now: datetime) -> bool:
     return now - d.node.last_seen <= window and scraped_ago <= window.total_seconds() + CLOCK_SLACK_S
 
 
-def log_signature(d: Deployment, verdict: Verdict, lines: list[str], settled: frozenset[str] = frozenset()) -> Problem:
+def log_signature(
+    d: Deployment, verdict: Verdict, lines: list[str], settled: frozenset[str] = frozenset()
+) -> Problem:
     first = verdict.findings[0]
     evidence = {"log": lines[-40:], "log_findings": findings_json(verdict), "phase": verdict.phase}
     if verdict.verdict == "hang" and d.state in (DeploymentState.READY, DeploymentState.SERVING):
@@ -254,8 +330,10 @@ def log_signature(d: Deployment, verdict: Verdict, lines: list[str], settled: fr
 
 
 def findings_json(verdict: Verdict) -> list[dict[str, Any]]:
-    return [{"signature": f.signature, "line": f.line, "text": f.text, "meaning": f.meaning, "advice": f.advice}
-            for f in verdict.findings[:10]]
+    return [
+        {"signature": f.signature, "line": f.line, "text": f.text, "meaning": f.meaning, "advice": f.advice}
+        for f in verdict.findings[:10]
+    ]
 
 
 def counter_series(d: Deployment, now: datetime, minutes: int = 10) -> dict[str, list]:
@@ -270,8 +348,9 @@ def counter_series(d: Deployment, now: datetime, minutes: int = 10) -> dict[str,
 
 def gpu_pattern(d: Deployment, now: datetime, seconds: float = 30) -> dict[str, Any]:
     """Mean utilization and memory use of the deployment's GPUs over the last seconds, and their pattern."""
-    rows = GpuSample.objects.filter(gpu__node=d.node, gpu__index__in=d.chosen_plan.head_gpus,
-                                    t__gte=now - timedelta(seconds=seconds))
+    rows = GpuSample.objects.filter(
+        gpu__node=d.node, gpu__index__in=d.chosen_plan.head_gpus, t__gte=now - timedelta(seconds=seconds)
+    )
     values = list(rows.values_list("util_gpu", "mem_used_mib", "mem_free_mib"))
     if not values:
         return {"pattern": "unknown"}
@@ -297,13 +376,20 @@ def lost_node_problems(lost: list[Node], now: datetime) -> list[Problem]:
     opens an incident at once; a smaller one waits out the window (the rest of a storm may follow) before
     its nodes get alerts of their own."""
     window = timedelta(seconds=settings.NODE_LOST_GROUP_WINDOW_S)
-    open_keys = dict(Alert.objects.unresolved().filter(kind__in=("node-lost", INCIDENT)).values_list("key", "evidence"))
+    open_keys = dict(
+        Alert.objects.unresolved().filter(kind__in=("node-lost", INCIDENT)).values_list("key", "evidence")
+    )
     running = deployments_running([n.pk for n in lost])
     alone = [n for n in lost if f"node-lost:{n.pk}" in open_keys]
-    incidents = [Incident.from_alert(key, evidence) for key, evidence in open_keys.items() if key.startswith(INCIDENT)]
+    incidents = [
+        Incident.from_alert(key, evidence) for key, evidence in open_keys.items() if key.startswith(INCIDENT)
+    ]
     alone_ids = {n.pk for n in alone}
-    loose = [n for n in sorted(lost, key=lambda n: n.last_seen)
-             if n.pk not in alone_ids and not joined(n, incidents, window)]
+    loose = [
+        n
+        for n in sorted(lost, key=lambda n: n.last_seen)
+        if n.pk not in alone_ids and not joined(n, incidents, window)
+    ]
     for group in groups_within(loose, window):
         if len(group) >= settings.NODE_LOST_GROUP_MIN:
             incidents.append(Incident.new(group))
@@ -339,11 +425,16 @@ def deployments_running(node_ids: list[int]) -> dict[int, int]:
 
 def node_lost(node: Node, now: datetime, running: int) -> Problem:
     silent = (now - node.last_seen).total_seconds()
-    return Problem(f"node-lost:{node.pk}", "node-lost", f"{node.name}: no agent message for {silent:.0f} s",
-                   "The agent stopped reporting: the node, its network or the agent process is down."
-                   + (f" {running} deployment(s) run there." if running else ""),
-                   "Check that the host is up and `python -m agents run` is running; look at the agent's log.",
-                   {"last_seen": node.last_seen.isoformat(), "deployments": running}, node=node)
+    return Problem(
+        f"node-lost:{node.pk}",
+        "node-lost",
+        f"{node.name}: no agent message for {silent:.0f} s",
+        "The agent stopped reporting: the node, its network or the agent process is down."
+        + (f" {running} deployment(s) run there." if running else ""),
+        "Check that the host is up and `python -m agents run` is running; look at the agent's log.",
+        {"last_seen": node.last_seen.isoformat(), "deployments": running},
+        node=node,
+    )
 
 
 @dataclass
@@ -351,7 +442,9 @@ class Incident:
     """Many nodes lost within the grouping window: one alert whose evidence lists them, lost or back."""
 
     key: str
-    members: dict[int, dict[str, Any]]  # node id -> {"id", "name", "lost_at", "back_at"}, as the evidence keeps them
+    members: dict[
+        int, dict[str, Any]
+    ]  # node id -> {"id", "name", "lost_at", "back_at"}, as the evidence keeps them
     lost_now: set[int] = field(default_factory=set)
     first: datetime | None = None
     last: datetime | None = None
@@ -377,8 +470,12 @@ class Incident:
 
     def add(self, node: Node) -> None:
         """`node` is lost now, as part of this incident (again, if it came back in between)."""
-        self.members[node.pk] = {"id": node.pk, "name": node.name, "lost_at": node.last_seen.isoformat(),
-                                 "back_at": None}
+        self.members[node.pk] = {
+            "id": node.pk,
+            "name": node.name,
+            "lost_at": node.last_seen.isoformat(),
+            "back_at": None,
+        }
         self.lost_now.add(node.pk)
         self.widen(node.last_seen)
 
@@ -395,18 +492,29 @@ class Incident:
         span = max(1, ceil((self.last - self.first).total_seconds()))
         lost, back = len(self.lost_now), len(self.members) - len(self.lost_now)
         on_them = sum(running.get(pk, 0) for pk in self.lost_now)
-        title = (f"{lost} nodes lost within {span} s{f' ({back} back)' if back else ''}: "
-                 "server overloaded or network partition?")
-        cause = (f"{len(self.members)} agents stopped reporting within {span} s of each other. So many at once is "
-                 "rarely that many separate failures: the server may be overloaded (agents time out in their "
-                 "handshakes and give up), or a network partition cuts these nodes off from it."
-                 + (f" {on_them} deployment(s) run on the nodes still lost." if on_them else ""))
-        remedy = ("Check the server first: the ASGI process's CPU, the database and Redis, and its log for "
-                  "handshake timeouts; then the network between the server and these nodes. Each node's part "
-                  "resolves when its agent reports again; the alert resolves when all of them do.")
+        title = (
+            f"{lost} nodes lost within {span} s{f' ({back} back)' if back else ''}: "
+            "server overloaded or network partition?"
+        )
+        cause = (
+            f"{len(self.members)} agents stopped reporting within {span} s of each other. So many at once is "
+            "rarely that many separate failures: the server may be overloaded (agents time out in their "
+            "handshakes and give up), or a network partition cuts these nodes off from it."
+            + (f" {on_them} deployment(s) run on the nodes still lost." if on_them else "")
+        )
+        remedy = (
+            "Check the server first: the ASGI process's CPU, the database and Redis, and its log for "
+            "handshake timeouts; then the network between the server and these nodes. Each node's part "
+            "resolves when its agent reports again; the alert resolves when all of them do."
+        )
         nodes = sorted(self.members.values(), key=lambda m: (m["back_at"] is not None, m["name"]))
-        evidence = {"nodes": nodes, "lost": lost, "back": back, "deployments": on_them,
-                    "window_s": settings.NODE_LOST_GROUP_WINDOW_S}
+        evidence = {
+            "nodes": nodes,
+            "lost": lost,
+            "back": back,
+            "deployments": on_them,
+            "window_s": settings.NODE_LOST_GROUP_WINDOW_S,
+        }
         return Problem(self.key, INCIDENT, title, cause, remedy, evidence)
 
 
@@ -415,18 +523,28 @@ def xid_problems(nodes: list[Node], now: datetime) -> list[Problem]:
     by_id = {n.pk: n for n in nodes}
     seen: dict[tuple[int, int, int], datetime] = {}
     rows = GpuSample.objects.filter(gpu__node_id__in=by_id, t__gte=now - timedelta(minutes=XID_QUIET_MINUTES))
-    for node_id, index, t, xids in rows.exclude(xids=[]).values_list("gpu__node_id", "gpu__index", "t", "xids"):
+    for node_id, index, t, xids in rows.exclude(xids=[]).values_list(
+        "gpu__node_id", "gpu__index", "t", "xids"
+    ):
         for code in xids:
             seen[(node_id, index, code)] = max(seen.get((node_id, index, code), t), t)
     return [xid_problem(by_id[node_id], index, code, t) for (node_id, index, code), t in sorted(seen.items())]
 
 
 def xid_problem(node: Node, index: int, code: int, t: datetime) -> Problem:
-    meaning, remedy = XID_MEANINGS.get(code, ("NVIDIA driver error", "look the code up in NVIDIA's XID catalog"))
-    return Problem(f"xid:{node.pk}:{index}:{code}", "xid", f"{node.name} GPU{index}: XID {code} ({meaning})",
-                   f"The driver reported XID {code}: {meaning}.", remedy[0].upper() + remedy[1:] + ".",
-                   {"gpu": index, "xid": code, "last_seen": t.isoformat()},
-                   severity="critical" if code in (48, 79, 95, 119) else "warning", node=node)
+    meaning, remedy = XID_MEANINGS.get(
+        code, ("NVIDIA driver error", "look the code up in NVIDIA's XID catalog")
+    )
+    return Problem(
+        f"xid:{node.pk}:{index}:{code}",
+        "xid",
+        f"{node.name} GPU{index}: XID {code} ({meaning})",
+        f"The driver reported XID {code}: {meaning}.",
+        remedy[0].upper() + remedy[1:] + ".",
+        {"gpu": index, "xid": code, "last_seen": t.isoformat()},
+        severity="critical" if code in (48, 79, 95, 119) else "warning",
+        node=node,
+    )
 
 
 def fleet_problems(now: datetime | None = None) -> tuple[list[Problem], set[str]]:
@@ -439,7 +557,9 @@ def fleet_problems(now: datetime | None = None) -> tuple[list[Problem], set[str]
     for d in deployments:
         problems += deployment_problems(d, now, settled)
         judged |= {f"{kind}:{d.pk}" for kind in ("stall", "startup", "crashed", "log")}
-        if d.state not in SCRAPED or counters_current(d, now):  # stale counters: leave the unload alert as it is
+        if d.state not in SCRAPED or counters_current(
+            d, now
+        ):  # stale counters: leave the unload alert as it is
             judged.add(f"unload:{d.pk}")
     for gone in LOG_TAILS.keys() - {d.pk for d in deployments}:
         del LOG_TAILS[gone]

@@ -16,16 +16,25 @@ from ipaddress import IPv4Address, IPv6Address, IPv6Network, ip_address
 from django.conf import settings
 
 IPAddress = IPv4Address | IPv6Address
-METADATA = {ip_address(a) for a in (
-    "169.254.169.254",  # AWS, GCP, Azure, OpenStack, DigitalOcean
-    "169.254.170.2",  # AWS ECS task metadata
-    "100.100.100.200",  # Alibaba Cloud
-    "192.0.0.192",  # Oracle Cloud (classic)
-    "fd00:ec2::254",  # AWS over IPv6
-)}
+METADATA = {
+    ip_address(a)
+    for a in (
+        "169.254.169.254",  # AWS, GCP, Azure, OpenStack, DigitalOcean
+        "169.254.170.2",  # AWS ECS task metadata
+        "100.100.100.200",  # Alibaba Cloud
+        "192.0.0.192",  # Oracle Cloud (classic)
+        "fd00:ec2::254",  # AWS over IPv6
+    )
+}
 NAT64 = IPv6Network("64:ff9b::/96")
-CATEGORIES = (("unspecified", "is_unspecified"), ("loopback", "is_loopback"), ("link-local", "is_link_local"),
-              ("multicast", "is_multicast"), ("reserved", "is_reserved"), ("private", "is_private"))
+CATEGORIES = (
+    ("unspecified", "is_unspecified"),
+    ("loopback", "is_loopback"),
+    ("link-local", "is_link_local"),
+    ("multicast", "is_multicast"),
+    ("reserved", "is_reserved"),
+    ("private", "is_private"),
+)
 
 
 class AddressRefused(Exception):
@@ -57,17 +66,25 @@ def category(ip: IPAddress) -> str:
 
 
 def allowed_hosts() -> set[str]:
-    return {host.strip().strip("[]").rstrip(".").lower() for host in settings.WEBHOOK_ALLOWED_HOSTS if host.strip()}
+    return {
+        host.strip().strip("[]").rstrip(".").lower()
+        for host in settings.WEBHOOK_ALLOWED_HOSTS
+        if host.strip()
+    }
 
 
 def resolve(host: str, port: int) -> list[IPAddress]:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
-        raise AddressRefused(host, f"{host} could not be resolved", f"{host} could not be resolved: {exc}") from None
+        raise AddressRefused(
+            host, f"{host} could not be resolved", f"{host} could not be resolved: {exc}"
+        ) from None
     addresses: list[IPAddress] = []
     for *_, sockaddr in infos:
-        address = ip_address(sockaddr[0].split("%")[0])  # an IPv6 scope (fe80::1%eth0) is not part of the address
+        address = ip_address(
+            sockaddr[0].split("%")[0]
+        )  # an IPv6 scope (fe80::1%eth0) is not part of the address
         if address not in addresses:
             addresses.append(address)
     return addresses
@@ -81,12 +98,17 @@ def checked_addresses(host: str, port: int) -> list[IPAddress]:
         kind = category(address)
         if kind and (kind == "cloud metadata" or not allowed):
             hint = "" if kind == "cloud metadata" else " (an admin can allow it with WEBHOOK_ALLOWED_HOSTS)"
-            raise AddressRefused(host, f"{host} is not a public internet address{hint}",
-                                 f"{host} resolves to {address}, a {kind} address{hint}")
+            raise AddressRefused(
+                host,
+                f"{host} is not a public internet address{hint}",
+                f"{host} resolves to {address}, a {kind} address{hint}",
+            )
     return addresses
 
 
-def connect(addresses: list[IPAddress], port: int, connect_timeout: float, read_timeout: float) -> socket.socket:
+def connect(
+    addresses: list[IPAddress], port: int, connect_timeout: float, read_timeout: float
+) -> socket.socket:
     """A TCP connection to the first checked address that accepts within `connect_timeout`."""
     error: OSError = OSError(f"no address to connect to on port {port}")
     for address in addresses:

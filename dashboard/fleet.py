@@ -37,8 +37,9 @@ def _point(sample: GpuSample | None) -> GpuPoint | None:
     return gpu_point(sample) if sample else None
 
 
-def gpu_history(node: Node, minutes: int, indices: list[int] | None = None,
-                after: datetime | None = None) -> dict[str, Any]:
+def gpu_history(
+    node: Node, minutes: int, indices: list[int] | None = None, after: datetime | None = None
+) -> dict[str, Any]:
     """{"keys": TIMED_POINT_KEYS, "gpus": {GPU id: [[unix_ms, *point], ...]}} for the charts;
     `after`: only the samples newer than that (a page that reconnects fills its gap)."""
     since = timezone.now() - timedelta(minutes=minutes)
@@ -48,8 +49,9 @@ def gpu_history(node: Node, minutes: int, indices: list[int] | None = None,
     if indices is not None:
         rows = rows.filter(gpu__index__in=indices)
     history: dict[str, list[list[float]]] = {}
-    for row in rows.values_list("gpu_id", "t", "util_gpu", "mem_used_mib", "mem_free_mib", "temp_c", "power_w",
-                                "util_mem", named=True):
+    for row in rows.values_list(
+        "gpu_id", "t", "util_gpu", "mem_used_mib", "mem_free_mib", "temp_c", "power_w", "util_mem", named=True
+    ):
         history.setdefault(str(row.gpu_id), []).append([row.t.timestamp() * 1000, *gpu_point(row)])
     return {"keys": TIMED_POINT_KEYS, "gpus": history}
 
@@ -109,5 +111,7 @@ def metric_history(deployment: Deployment, minutes: int) -> list[list[float | No
     """[[unix_ms, generation tok/s, running, waiting], ...] for the deployment chart."""
     since = timezone.now() - timedelta(minutes=minutes)
     rows = deployment.metrics.filter(t__gte=since).order_by("t")
-    return [[m.t.timestamp() * 1000, m.generation_tokens_per_s, m.requests_running, m.requests_waiting]
-            for m in rows]
+    return [
+        [m.t.timestamp() * 1000, m.generation_tokens_per_s, m.requests_running, m.requests_waiting]
+        for m in rows
+    ]

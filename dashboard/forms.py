@@ -8,24 +8,38 @@ from django import forms
 
 from dashboard.models import Alert, Node, PlanRequest
 
-BACKENDS = [("", "any"), ("vllm", "vLLM"), ("sglang", "SGLang"), ("llama.cpp", "llama.cpp"), ("ollama", "Ollama")]
+BACKENDS = [
+    ("", "any"),
+    ("vllm", "vLLM"),
+    ("sglang", "SGLang"),
+    ("llama.cpp", "llama.cpp"),
+    ("ollama", "Ollama"),
+]
 
 
 class DeployForm(forms.Form):
     model = forms.CharField(
-        max_length=500, required=False, label="Model",
+        max_length=500,
+        required=False,
+        label="Model",
         help_text="a catalog name (Qwen3-VL-32B-Instruct), an HF id, or a path to a config.json / GGUF under the "
-                  "server's model directories (MODEL_DIRS), the same path on the node",
+        "server's model directories (MODEL_DIRS), the same path on the node",
     )
     config = forms.FileField(required=False, label="or upload config.json")
     max_model_len = forms.IntegerField(min_value=16, max_value=10_000_000, initial=8192, label="Max context")
     concurrency = forms.IntegerField(min_value=1, max_value=4096, initial=1, label="Expected concurrency")
-    node = forms.ModelChoiceField(Node.objects.all(), required=False, empty_label="any node",
-                                  to_field_name="name")
+    node = forms.ModelChoiceField(
+        Node.objects.all(), required=False, empty_label="any node", to_field_name="name"
+    )
     backend = forms.ChoiceField(choices=BACKENDS, required=False)
     gpus = forms.CharField(max_length=200, required=False, label="GPUs", help_text="e.g. 0,1 (optional)")
-    tp = forms.IntegerField(min_value=1, max_value=64, required=False, label="Tensor parallel",
-                            help_text="1 = no tensor parallelism (pipeline / layer split only); empty = any")
+    tp = forms.IntegerField(
+        min_value=1,
+        max_value=64,
+        required=False,
+        label="Tensor parallel",
+        help_text="1 = no tensor parallelism (pipeline / layer split only); empty = any",
+    )
 
     def clean_gpus(self) -> str:
         value = self.cleaned_data["gpus"].replace(" ", "")
@@ -59,8 +73,16 @@ class DeployForm(forms.Form):
         """The plan request of a valid form (the deploy page, an alert's re-plan); the caller queues planning."""
         d = self.cleaned_data
         return PlanRequest.objects.create(
-            created_by=user, model_ref=d["model"], config=d["config"], max_model_len=d["max_model_len"],
-            concurrency=d["concurrency"], node=d["node"], backend=d["backend"], gpus=d["gpus"], tp=d["tp"])
+            created_by=user,
+            model_ref=d["model"],
+            config=d["config"],
+            max_model_len=d["max_model_len"],
+            concurrency=d["concurrency"],
+            node=d["node"],
+            backend=d["backend"],
+            gpus=d["gpus"],
+            tp=d["tp"],
+        )
 
     def problems(self) -> str:
         return "; ".join(f"{name}: {' '.join(errors)}" for name, errors in self.errors.items())
@@ -71,10 +93,19 @@ def replan_request(alert: Alert, user: Any) -> PlanRequest:
     fields = alert.replan_fields()
     if not fields:
         raise ValueError(f"alert {alert.pk} offers no re-plan")
-    form = DeployForm(data={"model": fields.get("model_ref", ""), "max_model_len": fields.get("max_model_len"),
-                            "concurrency": fields.get("concurrency", 1), "node": fields.get("node") or "",
-                            "backend": fields.get("backend") or "", "gpus": fields.get("gpus") or "",
-                            "tp": fields.get("tp") or ""})
+    form = DeployForm(
+        data={
+            "model": fields.get("model_ref", ""),
+            "max_model_len": fields.get("max_model_len"),
+            "concurrency": fields.get("concurrency", 1),
+            "node": fields.get("node") or "",
+            "backend": fields.get("backend") or "",
+            "gpus": fields.get("gpus") or "",
+            "tp": fields.get("tp") or "",
+        }
+    )
     if not form.is_valid():
-        raise ValueError(f"the re-plan suggestion of alert {alert.pk} is not a valid request: {form.problems()}")
+        raise ValueError(
+            f"the re-plan suggestion of alert {alert.pk} is not a valid request: {form.problems()}"
+        )
     return form.save(user)

@@ -69,8 +69,10 @@ def apply_hello(node: Node, hello: Hello) -> dict[int, int]:
 
 
 def inventory_digest(hello: Hello) -> str:
-    inventory = {"gpus": [g.model_dump() for g in hello.gpus],
-                 "topology": hello.topology.model_dump() if hello.topology else None}
+    inventory = {
+        "gpus": [g.model_dump() for g in hello.gpus],
+        "topology": hello.topology.model_dump() if hello.topology else None,
+    }
     return hashlib.sha256(json.dumps(inventory, sort_keys=True).encode()).hexdigest()
 
 
@@ -109,7 +111,14 @@ def _sync_links(node: Node, hello: Hello) -> None:
     for x in hello.topology.links:
         pair = frozenset((x.a, x.b))
         rows.append(
-            Link(node=node, a=x.a, b=x.b, link=x.link, p2p_read=reads.get(pair, ""), p2p_write=writes.get(pair, ""))
+            Link(
+                node=node,
+                a=x.a,
+                b=x.b,
+                link=x.link,
+                p2p_read=reads.get(pair, ""),
+                p2p_write=writes.get(pair, ""),
+            )
         )
     Link.objects.bulk_create(rows)
 
@@ -152,15 +161,32 @@ def sample_rows(message: Samples, gpu_ids: dict[int, int]) -> list[SampleRow]:
 
 def _sample_row(s: GpuReading, gpu_id: int, t: Any, seq: int) -> SampleRow:
     as_json = connection.ops.adapt_json_value
-    return SampleRow(gpu_id, t, seq, s.util_gpu, s.util_mem, s.mem_used_mib, s.mem_free_mib, s.temp_c, s.power_w,
-                     s.power_limit_w, s.sm_clock_mhz, s.mem_clock_mhz, s.throttle_reasons, s.ecc_corrected,
-                     s.ecc_uncorrected, as_json(s.xids, None), as_json([p.model_dump() for p in s.processes], None))
+    return SampleRow(
+        gpu_id,
+        t,
+        seq,
+        s.util_gpu,
+        s.util_mem,
+        s.mem_used_mib,
+        s.mem_free_mib,
+        s.temp_c,
+        s.power_w,
+        s.power_limit_w,
+        s.sm_clock_mhz,
+        s.mem_clock_mhz,
+        s.throttle_reasons,
+        s.ecc_corrected,
+        s.ecc_uncorrected,
+        as_json(s.xids, None),
+        as_json([p.model_dump() for p in s.processes], None),
+    )
 
 
 def log_row(message: LogTail, node_id: int, boot_id: str) -> LogChunk:
     t = datetime.fromtimestamp(message.t, tz=UTC)
-    return LogChunk(node_id=node_id, source=message.source, boot_id=boot_id, seq=message.seq, t=t,
-                    lines=message.lines)
+    return LogChunk(
+        node_id=node_id, source=message.source, boot_id=boot_id, seq=message.seq, t=t, lines=message.lines
+    )
 
 
 def check_time(t: float, now: float) -> None:
@@ -168,9 +194,12 @@ def check_time(t: float, now: float) -> None:
     if now - TIME_BEHIND_S <= t <= now + TIME_AHEAD_S:
         return
     side = "behind" if t < now else "ahead of"
-    raise ProtocolError("bad_time", f"t={t:.0f} is {_duration(abs(now - t))} {side} the server's clock; the server "
-                        f"takes times from {_duration(TIME_BEHIND_S)} behind to {_duration(TIME_AHEAD_S)} ahead "
-                        "(is the node's clock set? NTP)")
+    raise ProtocolError(
+        "bad_time",
+        f"t={t:.0f} is {_duration(abs(now - t))} {side} the server's clock; the server "
+        f"takes times from {_duration(TIME_BEHIND_S)} behind to {_duration(TIME_AHEAD_S)} ahead "
+        "(is the node's clock set? NTP)",
+    )
 
 
 def _duration(seconds: float) -> str:
@@ -181,8 +210,11 @@ def check_seq(seq: int, watermark: int, seconds_since: float) -> None:
     """Refuse a sequence number further past the watermark than the agent can have counted since it was set."""
     reach = watermark + SEQ_SLACK + SEQ_PER_SECOND * max(0.0, seconds_since)
     if seq > reach:
-        raise ProtocolError("seq_jump", f"seq {seq} is {seq - watermark} past the last one stored ({watermark}); "
-                            f"an agent cannot have sent that many frames in {seconds_since:.0f} s")
+        raise ProtocolError(
+            "seq_jump",
+            f"seq {seq} is {seq - watermark} past the last one stored ({watermark}); "
+            f"an agent cannot have sent that many frames in {seconds_since:.0f} s",
+        )
 
 
 @dataclass
@@ -200,7 +232,9 @@ class Pending:
     # Told when the item was not stored (`refused` or `retry` says why); without one it is only logged.
     on_failed: FailCallback | None = None
     refused: str = ""  # the database refused this item's data: it never will be stored
-    retry: bool = False  # not stored for a passing reason (database unreachable): the agent must send it again
+    retry: bool = (
+        False  # not stored for a passing reason (database unreachable): the agent must send it again
+    )
 
     @property
     def stored(self) -> bool:
@@ -296,8 +330,12 @@ def store_batch(batch: list[Pending]) -> None:
             item.retry = True
         return
     except Exception as exc:
-        log.warning("storing %d items at once failed (%s: %s); storing them one by one",
-                    len(batch), type(exc).__name__, exc)
+        log.warning(
+            "storing %d items at once failed (%s: %s); storing them one by one",
+            len(batch),
+            type(exc).__name__,
+            exc,
+        )
     _store_one_by_one(batch)
 
 
@@ -353,14 +391,17 @@ def apply_report(node_id: int, report: DeploymentStatus | Metrics) -> tuple[dict
     return deployment.summary(), jobs
 
 
-def _apply_member_report(deployment: Deployment, node_id: int,
-                         report: DeploymentStatus | Metrics) -> tuple[dict | None, list[Job]]:
+def _apply_member_report(
+    deployment: Deployment, node_id: int, report: DeploymentStatus | Metrics
+) -> tuple[dict | None, list[Job]]:
     """A further node of a multi-node deployment; it serves no API, so only its status counts."""
     member = deployment.members.filter(node_id=node_id).select_related("node").first()
     if member is None:
         log.warning("node %s reported on deployment %s, which does not run there", node_id, deployment.pk)
         return None, []
-    jobs = deploy.apply_member_status(deployment, member, report) if isinstance(report, DeploymentStatus) else []
+    jobs = (
+        deploy.apply_member_status(deployment, member, report) if isinstance(report, DeploymentStatus) else []
+    )
     return deployment.summary(), jobs
 
 
@@ -375,8 +416,10 @@ def _insert_samples_sql() -> str:
     ops = connection.ops
     fields = [GpuSample._meta.get_field(name) for name in SampleRow._fields]
     unique = [GpuSample._meta.get_field(name) for name in ("gpu", "t")]
-    return (f"{ops.insert_statement(on_conflict=OnConflict.IGNORE)} {_table(GpuSample)} ({_columns(fields)}) "
-            f"VALUES ({', '.join(['%s'] * len(fields))}) {ops.on_conflict_suffix_sql(unique, OnConflict.IGNORE, [], [])}")
+    return (
+        f"{ops.insert_statement(on_conflict=OnConflict.IGNORE)} {_table(GpuSample)} ({_columns(fields)}) "
+        f"VALUES ({', '.join(['%s'] * len(fields))}) {ops.on_conflict_suffix_sql(unique, OnConflict.IGNORE, [], [])}"
+    )
 
 
 def _advance_watermarks(highest: dict[int, int]) -> None:

@@ -71,15 +71,23 @@ def gpu_point(row: Any) -> GpuPoint:
     To a tenth: the pages show whole numbers, and full float precision made the tick 1.8 times as long.
     """
     total = row.mem_used_mib + row.mem_free_mib
-    return GpuPoint(*(round(v, 1) for v in (row.util_gpu, row.mem_used_mib, total, row.temp_c, row.power_w,
-                                            row.util_mem)))
+    return GpuPoint(
+        *(round(v, 1) for v in (row.util_gpu, row.mem_used_mib, total, row.temp_c, row.power_w, row.util_mem))
+    )
 
 
 def fleet_update(nodes: list[dict[str, Any]], deployments: list[dict[str, Any]]) -> dict[str, str]:
     """A "fleet.update" group message with the browsers' JSON already encoded (once, not per browser);
     each node's `gpus` maps a GPU id to its point's values, named by `keys`."""
-    text = browser_json.dumps({"type": "fleet.update", "sent": time.time(), "keys": POINT_KEYS, "nodes": nodes,
-                               "deployments": deployments})
+    text = browser_json.dumps(
+        {
+            "type": "fleet.update",
+            "sent": time.time(),
+            "keys": POINT_KEYS,
+            "nodes": nodes,
+            "deployments": deployments,
+        }
+    )
     return {"type": "fleet.update", "text": text}
 
 
@@ -138,8 +146,9 @@ def _close_sockets_after_commit(token: AgentToken) -> None:
 def close_agent_sockets(node_id: int, token_id: int) -> None:
     """Close the connections of this node's agent that authenticated with this token (it was revoked)."""
     try:
-        async_to_sync(get_channel_layer().group_send)(agent_group(node_id), {"type": "agent.revoked",
-                                                                            "token": token_id})
+        async_to_sync(get_channel_layer().group_send)(
+            agent_group(node_id), {"type": "agent.revoked", "token": token_id}
+        )
     except (OSError, RedisError) as exc:  # the socket still closes at the agent's next connection
         log.warning("could not close the sockets of revoked token %s: %s", token_id, exc)
 
@@ -158,5 +167,6 @@ async def announce_deployment(summary: dict[str, Any]) -> None:
 
 async def announce_plan(request_id: int, status: str) -> None:
     """Plans for a deploy-form request are ready (or failed): the waiting page fetches them once."""
-    await get_channel_layer().group_send(FLEET_GROUP, {"type": "fleet.plan", "request": request_id,
-                                                       "status": status})
+    await get_channel_layer().group_send(
+        FLEET_GROUP, {"type": "fleet.plan", "request": request_id, "status": status}
+    )

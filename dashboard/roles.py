@@ -48,12 +48,23 @@ ABILITIES = (PLAN, DEPLOY, CONTROL, ACKNOWLEDGE, WEBHOOKS)
 
 # Admins work in the Django admin, which checks Django's own model permissions.
 ADMIN_MODEL_PERMISSIONS = (
-    "dashboard.add_agenttoken", "dashboard.change_agenttoken", "dashboard.view_agenttoken",
-    "dashboard.change_node", "dashboard.view_node",
-    "dashboard.add_channel", "dashboard.change_channel", "dashboard.delete_channel", "dashboard.view_channel",
+    "dashboard.add_agenttoken",
+    "dashboard.change_agenttoken",
+    "dashboard.view_agenttoken",
+    "dashboard.change_node",
+    "dashboard.view_node",
+    "dashboard.add_channel",
+    "dashboard.change_channel",
+    "dashboard.delete_channel",
+    "dashboard.view_channel",
     "dashboard.view_notification",
-    "auth.add_user", "auth.change_user", "auth.delete_user", "auth.view_user", "auth.view_group",
-    "axes.view_accessattempt", "axes.delete_accessattempt",  # see and lift login lockouts
+    "auth.add_user",
+    "auth.change_user",
+    "auth.delete_user",
+    "auth.view_user",
+    "auth.view_group",
+    "axes.view_accessattempt",
+    "axes.delete_accessattempt",  # see and lift login lockouts
 )
 ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {
     VIEWER: (),
@@ -78,8 +89,10 @@ def lowest_role_with(perm: str) -> str:
 def check(user: AbstractBaseUser | AnonymousUser, ability: Ability) -> None:
     """Raise PermissionDenied (HTTP 403) saying who may not do what, and which role may."""
     if not user.has_perm(ability.perm):
-        raise PermissionDenied(f"{user.get_username() or 'anonymous'} ({role_of(user)}) may not {ability.doing}: "
-                               f"that needs the {lowest_role_with(ability.perm)} role; ask an admin.")
+        raise PermissionDenied(
+            f"{user.get_username() or 'anonymous'} ({role_of(user)}) may not {ability.doing}: "
+            f"that needs the {lowest_role_with(ability.perm)} role; ask an admin."
+        )
 
 
 def requires(ability: Ability) -> Callable:
@@ -124,10 +137,14 @@ def sync_roles(**kwargs: Any) -> None:
     using = kwargs.get("using", "default")
     with transaction.atomic(using=using):
         for ability in ABILITIES:
-            content_type, _ = ContentType.objects.db_manager(using).get_or_create(app_label="dashboard",
-                                                                                   model=ability.model)
+            content_type, _ = ContentType.objects.db_manager(using).get_or_create(
+                app_label="dashboard", model=ability.model
+            )
             Permission.objects.db_manager(using).update_or_create(
-                content_type=content_type, codename=ability.codename, defaults={"name": f"Can {ability.doing}"})
+                content_type=content_type,
+                codename=ability.codename,
+                defaults={"name": f"Can {ability.doing}"},
+            )
         for role, perms in ROLE_PERMISSIONS.items():
             group, _ = Group.objects.db_manager(using).get_or_create(name=role)
             group.permissions.set(permission_rows(perms, using))
@@ -137,9 +154,14 @@ def permission_rows(perms: tuple[str, ...], using: str) -> list[Permission]:
     rows = []
     for name in perms:
         app_label, codename = name.split(".")
-        row = Permission.objects.db_manager(using).filter(content_type__app_label=app_label,
-                                                          codename=codename).first()
+        row = (
+            Permission.objects.db_manager(using)
+            .filter(content_type__app_label=app_label, codename=codename)
+            .first()
+        )
         if row is None:
-            raise ImproperlyConfigured(f"role permission {name} does not exist (is the app installed and migrated?)")
+            raise ImproperlyConfigured(
+                f"role permission {name} does not exist (is the app installed and migrated?)"
+            )
         rows.append(row)
     return rows

@@ -50,5 +50,8 @@ def _host_port(netloc: str, scheme: str) -> tuple[str, int] | None:
 websocket_urlpatterns = [
     # Agents authenticate with their token and send no Origin header; browsers need session and origin.
     path("ws/agent/", AgentConsumer.as_asgi()),
-    path("ws/fleet/", AllowedHostsOriginValidator(SameOriginValidator(AuthMiddlewareStack(FleetConsumer.as_asgi())))),
+    path(
+        "ws/fleet/",
+        AllowedHostsOriginValidator(SameOriginValidator(AuthMiddlewareStack(FleetConsumer.as_asgi()))),
+    ),
 ]

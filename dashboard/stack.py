@@ -61,8 +61,9 @@ class Service:
         self.log_start = self.log_path.stat().st_size if self.log_path and self.log_path.exists() else 0
         out = self.log_path.open("ab") if self.log_path else subprocess.DEVNULL
         env = {**os.environ, **self.env} if self.inherit_env else self.env
-        self.proc = subprocess.Popen(self.argv, env=env, cwd=BASE_DIR, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv, env=env, cwd=BASE_DIR, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         return self
 
     def up_for(self) -> float:
@@ -98,30 +99,87 @@ class Service:
 
 def redis_service(port: int, log_dir: Path, config: Path | None = None) -> Service:
     """`config`: a redis.conf read first, for settings that must not show on the command line (requirepass)."""
-    argv = [redis_binary(), *([str(config)] if config else []), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--dir", str(log_dir)]
+    argv = [
+        redis_binary(),
+        *([str(config)] if config else []),
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(log_dir),
+    ]
     return Service("redis", argv, log_path=log_dir / "redis.log")
 
 
 def asgi_service(port: int, env: dict[str, str], log_dir: Path) -> Service:
     # uvicorn[standard] over daphne: measured 25-50 % faster websocket echo on this machine (README).
-    argv = [sys.executable, "-m", "uvicorn", "layercake.asgi:application", "--host", "127.0.0.1",
-            "--port", str(port), "--lifespan", "off", "--no-access-log", "--ws-max-size", str(512 * 1024)]
+    argv = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "layercake.asgi:application",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--lifespan",
+        "off",
+        "--no-access-log",
+        "--ws-max-size",
+        str(512 * 1024),
+    ]
     return Service("asgi", argv, env, log_dir / "asgi.log")
 
 
 def celery_worker_service(env: dict[str, str], log_dir: Path) -> Service:
     """The worker of the default queue: hang detection, planning, launches (not notifications)."""
-    argv = [sys.executable, "-m", "celery", "-A", "layercake", "worker", "-Q", "celery", "-c", "1", "-l", "info",
-            "--without-gossip", "--without-mingle", "-n", f"worker-{os.getpid()}@%h"]
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "layercake",
+        "worker",
+        "-Q",
+        "celery",
+        "-c",
+        "1",
+        "-l",
+        "info",
+        "--without-gossip",
+        "--without-mingle",
+        "-n",
+        f"worker-{os.getpid()}@%h",
+    ]
     return Service("celery-worker", argv, env, log_dir / "celery-worker.log")
 
 
 def celery_notify_worker_service(env: dict[str, str], log_dir: Path) -> Service:
     """The worker of the notify queue (settings.CELERY_TASK_ROUTES): alert mail and webhooks, so that a slow
     receiver never delays detection. Two processes: one receiver that does not answer holds up only one."""
-    argv = [sys.executable, "-m", "celery", "-A", "layercake", "worker", "-Q", "notify", "-c", "2", "-l", "info",
-            "--without-gossip", "--without-mingle", "-n", f"notify-{os.getpid()}@%h"]
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "layercake",
+        "worker",
+        "-Q",
+        "notify",
+        "-c",
+        "2",
+        "-l",
+        "info",
+        "--without-gossip",
+        "--without-mingle",
+        "-n",
+        f"notify-{os.getpid()}@%h",
+    ]
     return Service("celery-notify", argv, env, log_dir / "celery-notify.log")
 
 
@@ -131,10 +189,27 @@ def celery_beat_service(env: dict[str, str], log_dir: Path) -> Service:
     return Service("celery-beat", argv, env, log_dir / "celery-beat.log")
 
 
-def agent_service(server: str, token: str, gpu_source: str, interval: float, log_path: Path | None,
-                  extra: list[str] | None = None) -> Service:
-    argv = [sys.executable, "-m", "agents", "run", "--server", server, "--gpu-source", gpu_source,
-            "--interval", str(interval), *(extra or [])]
+def agent_service(
+    server: str,
+    token: str,
+    gpu_source: str,
+    interval: float,
+    log_path: Path | None,
+    extra: list[str] | None = None,
+) -> Service:
+    argv = [
+        sys.executable,
+        "-m",
+        "agents",
+        "run",
+        "--server",
+        server,
+        "--gpu-source",
+        gpu_source,
+        "--interval",
+        str(interval),
+        *(extra or []),
+    ]
     return Service(f"agent {gpu_source}", argv, {"LAYERCAKE_TOKEN": token}, log_path)
 
 

@@ -91,8 +91,9 @@ class Keeper:
                 last_error = f" (last check: {type(exc).__name__}: {exc})"
             self.check_alive(child)
             if time.monotonic() > deadline:
-                raise StartupFailed(child.service, f"did not become ready within {child.component.timeout:g} s"
-                                                   f"{last_error}")
+                raise StartupFailed(
+                    child.service, f"did not become ready within {child.component.timeout:g} s{last_error}"
+                )
             time.sleep(0.25)
 
     def check_alive(self, child: Child) -> None:
@@ -120,8 +121,10 @@ class Keeper:
         child.restarts += 1
         delay = min(self.max_delay, self.base_delay * 2 ** (child.restarts - 1))
         child.restart_at = now + delay
-        self.say(f"{child.service.name} exited ({exit_reason(child.service.proc.returncode)}); "
-                 f"restarting in {delay:g} s (restart {child.restarts})")
+        self.say(
+            f"{child.service.name} exited ({exit_reason(child.service.proc.returncode)}); "
+            f"restarting in {delay:g} s (restart {child.restarts})"
+        )
 
     def restart(self, child: Child) -> None:
         child.service.start()

@@ -72,9 +72,13 @@ def sweep_stale_plans() -> int:
 def launch_deployment(deployment_id: str) -> str:
     """Send the launch command to the node's agent. Safe to run twice: the agent launches once per id."""
     with transaction.atomic():  # the row lock keeps an operator's Stop from landing between check and move
-        deployment = Deployment.objects.select_for_update(of=("self",)).select_related("node").get(pk=deployment_id)
-        if deployment.state not in (DeploymentState.PLANNED, DeploymentState.LAUNCHING) or \
-                deployment.desired != DesiredState.RUNNING:
+        deployment = (
+            Deployment.objects.select_for_update(of=("self",)).select_related("node").get(pk=deployment_id)
+        )
+        if (
+            deployment.state not in (DeploymentState.PLANNED, DeploymentState.LAUNCHING)
+            or deployment.desired != DesiredState.RUNNING
+        ):
             return deployment.state
         deployment.move_to(DeploymentState.LAUNCHING, f"launch sent to {deployment.node.name}")
     send_to_agent(deployment, protocol.dump(deployment.launch_command()))
@@ -138,10 +142,18 @@ def restart_deployment(deployment_id: str) -> str:
     deployment = Deployment.objects.select_related("node").get(pk=deployment_id)
     # pid cleared: a restart that never reaches the agent is then re-sent as a launch (resend_lost_launches),
     # which an agent whose old server still runs answers with "already running".
-    deployment.move_to(DeploymentState.LAUNCHING, "restart sent to the agent", exit_code=None, progress=None,
-                       pid=None, desired=DesiredState.RUNNING)
+    deployment.move_to(
+        DeploymentState.LAUNCHING,
+        "restart sent to the agent",
+        exit_code=None,
+        progress=None,
+        pid=None,
+        desired=DesiredState.RUNNING,
+    )
     send_to_agent(deployment, protocol.dump(protocol.Restart(type="restart", v=1, deployment=deployment.pk)))
-    for member in deployment.members.select_related("node"):  # they rejoin the new head once it reports its port
+    for member in deployment.members.select_related(
+        "node"
+    ):  # they rejoin the new head once it reports its port
         member.move_to(DeploymentState.STOPPING, "stopped for the restart")
         send_to_node(member.node_id, deploy.stop_frame(deployment))
     return deployment.state

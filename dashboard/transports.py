@@ -79,9 +79,13 @@ class EmailTransport(Transport):
         return f"rate limit: {limit} mails in the last {window.total_seconds() / 60:g} minutes"
 
     def notify(self, alert: Alert, event: AlertEvent) -> None:
-        message = EmailMessage(subject(alert, event), self.body(alert, event), to=[self.channel.value],
-                               headers={"Auto-Submitted": "auto-generated", "X-Layercake-Alert": alert.key},
-                               connection=get_connection(timeout=settings.ALERT_SMTP_TIMEOUT_S))
+        message = EmailMessage(
+            subject(alert, event),
+            self.body(alert, event),
+            to=[self.channel.value],
+            headers={"Auto-Submitted": "auto-generated", "X-Layercake-Alert": alert.key},
+            connection=get_connection(timeout=settings.ALERT_SMTP_TIMEOUT_S),
+        )
         try:
             message.send()
         except smtplib.SMTPRecipientsRefused as exc:
@@ -91,10 +95,15 @@ class EmailTransport(Transport):
             raise TransportError(f"mail server {where}: {exc.__class__.__name__}: {exc}") from None
 
     def body(self, alert: Alert, event: AlertEvent) -> str:
-        context = {"alert": alert, "event": event, "url": absolute_url(alert),
-                   "settings_url": settings.SITE_URL.rstrip("/") + reverse("alert-settings"),
-                   "log_lines": alert.log_lines()[-EVIDENCE_LINES_IN_MAIL:], "skipped": self.skipped_since_last_mail(),
-                   "lost_nodes": [m["name"] for m in alert.member_nodes() if not m["back_at"]]}
+        context = {
+            "alert": alert,
+            "event": event,
+            "url": absolute_url(alert),
+            "settings_url": settings.SITE_URL.rstrip("/") + reverse("alert-settings"),
+            "log_lines": alert.log_lines()[-EVIDENCE_LINES_IN_MAIL:],
+            "skipped": self.skipped_since_last_mail(),
+            "lost_nodes": [m["name"] for m in alert.member_nodes() if not m["back_at"]],
+        }
         return render_to_string("emails/alert.txt", context)
 
     def skipped_since_last_mail(self) -> list[Any]:
@@ -115,9 +124,13 @@ def subject(alert: Alert, event: AlertEvent) -> str:
 def refused(exc: smtplib.SMTPRecipientsRefused) -> TransportError:
     """A 5xx for the address is the channel's fault (unknown user); a 4xx (greylisting, full box) is not."""
     codes = [code for code, _ in exc.recipients.values()]
-    detail = "; ".join(f"{rcpt}: {code} {msg.decode(errors='replace') if isinstance(msg, bytes) else msg}"
-                       for rcpt, (code, msg) in exc.recipients.items())
-    return TransportError(f"the mail server refused the address: {detail}", permanent=all(c >= 500 for c in codes))
+    detail = "; ".join(
+        f"{rcpt}: {code} {msg.decode(errors='replace') if isinstance(msg, bytes) else msg}"
+        for rcpt, (code, msg) in exc.recipients.items()
+    )
+    return TransportError(
+        f"the mail server refused the address: {detail}", permanent=all(c >= 500 for c in codes)
+    )
 
 
 class PinnedHTTPConnection(http.client.HTTPConnection):
@@ -165,14 +178,22 @@ class WebhookTransport(Transport):
         connection = pinned_connection(url)
         target = urlsplit(url)
         try:
-            connection.request("POST", (target.path or "/") + (f"?{target.query}" if target.query else ""),
-                               body, {"Content-Type": "application/json", "User-Agent": "layercake-alerts"})
+            connection.request(
+                "POST",
+                (target.path or "/") + (f"?{target.query}" if target.query else ""),
+                body,
+                {"Content-Type": "application/json", "User-Agent": "layercake-alerts"},
+            )
             response = connection.getresponse()
             response.read(65536)
         except TimeoutError:
-            raise TransportError(f"{url} did not answer within {connection.timeout:g} s", timed_out=True) from None
+            raise TransportError(
+                f"{url} did not answer within {connection.timeout:g} s", timed_out=True
+            ) from None
         except (http.client.HTTPException, OSError) as exc:
-            raise TransportError(f"could not reach {url}: {exc}", timed_out=isinstance(exc, ConnectTimeout)) from None
+            raise TransportError(
+                f"could not reach {url}: {exc}", timed_out=isinstance(exc, ConnectTimeout)
+            ) from None
         finally:
             connection.close()
         if not 200 <= response.status < 300:
@@ -207,14 +228,28 @@ def webhook_payload(alert: Alert, event: AlertEvent) -> dict[str, Any]:
     url = absolute_url(alert)
     return {
         "text": f"[layercake] {event.new_status.upper()}: {alert.title} {url}",
-        "alert": {**alert.summary(), "url": url, "cause": alert.cause, "remedy": alert.remedy,
-                  "opened": alert.opened.isoformat(), "evidence": alert.evidence, "actions": alert.actions},
-        "event": {"old_status": event.old_status, "new_status": event.new_status, "reason": event.reason,
-                  "t": event.t.isoformat()},
+        "alert": {
+            **alert.summary(),
+            "url": url,
+            "cause": alert.cause,
+            "remedy": alert.remedy,
+            "opened": alert.opened.isoformat(),
+            "evidence": alert.evidence,
+            "actions": alert.actions,
+        },
+        "event": {
+            "old_status": event.old_status,
+            "new_status": event.new_status,
+            "reason": event.reason,
+            "t": event.t.isoformat(),
+        },
     }
 
 
-TRANSPORTS: dict[str, type[Transport]] = {ChannelKind.EMAIL: EmailTransport, ChannelKind.WEBHOOK: WebhookTransport}
+TRANSPORTS: dict[str, type[Transport]] = {
+    ChannelKind.EMAIL: EmailTransport,
+    ChannelKind.WEBHOOK: WebhookTransport,
+}
 
 
 def transport_for(channel: Channel) -> Transport:

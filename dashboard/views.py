@@ -73,7 +73,9 @@ def plan_fragment(request: HttpRequest, pk: int) -> HttpResponse:
 def deploy_plan(request: HttpRequest, pk: int, number: int) -> HttpResponse:
     row = get_object_or_404(PlanRequest, pk=pk)
     try:
-        deployment = deploy.create_deployment(row, number, request.user, request.POST.get("override_busy") == "on")
+        deployment = deploy.create_deployment(
+            row, number, request.user, request.POST.get("override_busy") == "on"
+        )
     except deploy.DeployError as exc:
         messages.error(request, str(exc))
         return redirect(row)
@@ -90,10 +92,14 @@ def deployments_page(request: HttpRequest) -> HttpResponse:
 @login_required
 def deployment_page(request: HttpRequest, pk: str) -> HttpResponse:
     deployment = get_object_or_404(Deployment.objects.select_related("node"), pk=pk)
-    context = {"d": deployment, "events": deployment.events.all(), "log_lines": fleet.log_tail(deployment),
-               "metrics": fleet.metric_history(deployment, minutes=15),
-               "members": deployment.members.select_related("node"),
-               "gpu_history": fleet.gpu_history(deployment.node, minutes=15, indices=deployment.launch.get("gpus"))}
+    context = {
+        "d": deployment,
+        "events": deployment.events.all(),
+        "log_lines": fleet.log_tail(deployment),
+        "metrics": fleet.metric_history(deployment, minutes=15),
+        "members": deployment.members.select_related("node"),
+        "gpu_history": fleet.gpu_history(deployment.node, minutes=15, indices=deployment.launch.get("gpus")),
+    }
     return render(request, "dashboard/deployment.html", context)
 
 

@@ -58,8 +58,10 @@ def envlist(name: str, default: str = "") -> list[str]:
 def required_env(name: str, example: str) -> str:
     value = os.environ.get(name, "").strip()
     if not value:
-        raise ImproperlyConfigured(f"LAYERCAKE_ENV=production needs {name} in the environment "
-                                   f"(/etc/layercake/server.env), e.g. {example}")
+        raise ImproperlyConfigured(
+            f"LAYERCAKE_ENV=production needs {name} in the environment "
+            f"(/etc/layercake/server.env), e.g. {example}"
+        )
     return value
 
 
@@ -78,9 +80,11 @@ def production_secret_key() -> str:
     """SECRET_KEY from the environment, refused if it is missing or as weak as Django's check calls weak."""
     key = required_env("SECRET_KEY", f"the output of {NEW_KEY_COMMAND}")
     if key == DEV_SECRET_KEY or key.startswith("django-insecure-") or len(key) < 50 or len(set(key)) < 5:
-        raise ImproperlyConfigured("SECRET_KEY is not fit for production (the development key, a "
-                                   "'django-insecure-' key, or under 50 characters or 5 distinct ones); "
-                                   f"make one with {NEW_KEY_COMMAND}")
+        raise ImproperlyConfigured(
+            "SECRET_KEY is not fit for production (the development key, a "
+            "'django-insecure-' key, or under 50 characters or 5 distinct ones); "
+            f"make one with {NEW_KEY_COMMAND}"
+        )
     return key
 
 
@@ -88,14 +92,18 @@ def development_secret_key() -> str:
     """SECRET_KEY from the environment, else the one generated into var/ on first use."""
     key = os.environ.get("SECRET_KEY") or private_secret(VAR_DIR / "secret-key", 50)
     if key == DEV_SECRET_KEY and not DEBUG:
-        raise ImproperlyConfigured("SECRET_KEY is a published development key; unset it (a key is then generated "
-                                   "into var/secret-key) or set a secret one")
+        raise ImproperlyConfigured(
+            "SECRET_KEY is a published development key; unset it (a key is then generated "
+            "into var/secret-key) or set a secret one"
+        )
     return key
 
 
 DEBUG = envbool("DEBUG", "false")
 if PRODUCTION and DEBUG:
-    raise ImproperlyConfigured("DEBUG must be off with LAYERCAKE_ENV=production (it shows settings and code to visitors)")
+    raise ImproperlyConfigured(
+        "DEBUG must be off with LAYERCAKE_ENV=production (it shows settings and code to visitors)"
+    )
 SECRET_KEY = production_secret_key() if PRODUCTION else development_secret_key()
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "" if PRODUCTION else "localhost,127.0.0.1,[::1]")
 if PRODUCTION and not ALLOWED_HOSTS:
@@ -152,8 +160,10 @@ TEMPLATES = [
 
 DATABASES = {
     "default": dj_database_url.parse(
-        required_env("DATABASE_URL", "postgres://layercake:PASSWORD@127.0.0.1:5432/layercake") if PRODUCTION
-        else os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'var' / 'db.sqlite3'}"), conn_max_age=60
+        required_env("DATABASE_URL", "postgres://layercake:PASSWORD@127.0.0.1:5432/layercake")
+        if PRODUCTION
+        else os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'var' / 'db.sqlite3'}"),
+        conn_max_age=60,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -168,16 +178,23 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "var" / f"test-db-{os.getpid()}.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-REDIS_URL = (required_env("REDIS_URL", "redis://:PASSWORD@redis.internal:6379/0") if PRODUCTION
-             else os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+REDIS_URL = (
+    required_env("REDIS_URL", "redis://:PASSWORD@redis.internal:6379/0")
+    if PRODUCTION
+    else os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+)
 
 
 def channel_layers(redis_url: str) -> dict:
     # redis-py 8 times out socket reads after 5 s by default, exactly channels_redis's blocking-pop timeout:
     # idle consumers then crash with "Timeout reading from". Reads get a longer timeout than the pop.
     host = {"address": redis_url, "socket_timeout": 15}
-    return {"default": {"BACKEND": "dashboard.channel_layer.RedisChannelLayer",
-                        "CONFIG": {"hosts": [host], "capacity": 2000, "expiry": 30}}}
+    return {
+        "default": {
+            "BACKEND": "dashboard.channel_layer.RedisChannelLayer",
+            "CONFIG": {"hosts": [host], "capacity": 2000, "expiry": 30},
+        }
+    }
 
 
 CHANNEL_LAYERS = channel_layers(REDIS_URL)
@@ -292,7 +309,10 @@ LOGGING = {
 
 CELERY_BEAT_SCHEDULE = {
     "evaluate-fleet": {"task": "dashboard.tasks.evaluate_fleet", "schedule": AGENT_INTERVAL},
-    "announce-silent-nodes": {"task": "dashboard.tasks.announce_silent_nodes", "schedule": AGENT_INTERVAL * 2},
+    "announce-silent-nodes": {
+        "task": "dashboard.tasks.announce_silent_nodes",
+        "schedule": AGENT_INTERVAL * 2,
+    },
     "prune-old-samples": {"task": "dashboard.tasks.prune_old_samples", "schedule": 3600.0},
     # Catches retries that came due and deliveries whose queued task was lost.
     "deliver-notifications": {"task": "dashboard.tasks.deliver_notifications", "schedule": 30.0},

@@ -18,5 +18,15 @@ from placement.request import Request
 from placement.result import PlanResult
 from placement.spec import ModelSpec, load_model
 
-__all__ = ["CheckResult", "Cluster", "ModelSpec", "PlacementError", "PlanResult", "Request", "check_command",
-           "load_cluster", "load_model", "plan"]
+__all__ = [
+    "CheckResult",
+    "Cluster",
+    "ModelSpec",
+    "PlacementError",
+    "PlanResult",
+    "Request",
+    "check_command",
+    "load_cluster",
+    "load_model",
+    "plan",
+]

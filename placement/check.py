@@ -17,8 +17,16 @@ from placement.request import LLAMA_CPP, OLLAMA, SGLANG, VLLM, Request
 from placement.result import PlanResult, candidate_json, plan_json, why_text
 from placement.spec import ModelSpec, load_model, split_quant_suffix
 
-HF_DTYPES = {"auto": None, "bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16",
-             "float32": "fp32", "float": "fp32"}
+HF_DTYPES = {
+    "auto": None,
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "fp16": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+}
 GGUF_DEFAULT = "Q4_K_M"  # what Ollama library tags without a quantization suffix ship
 TRUE = ("1", "true", "yes", "on")
 
@@ -44,9 +52,14 @@ class CheckResult:
 
     def to_json(self) -> dict[str, Any]:
         c = self.candidate
-        data: dict[str, Any] = {"feasible": self.feasible, "backend": c.backend, "tp": c.layout.tp,
-                                "pp": c.layout.pp, "node": self.node.name,
-                                "gpus": [g.index for g in c.layout.gpus]}
+        data: dict[str, Any] = {
+            "feasible": self.feasible,
+            "backend": c.backend,
+            "tp": c.layout.tp,
+            "pp": c.layout.pp,
+            "node": self.node.name,
+            "gpus": [g.index for g in c.layout.gpus],
+        }
         data["problems"] = [p.to_json() for p in self.problems]
         data["risks"] = [r.to_json() for r in c.risks]
         details = candidate_json(c, self.model, self.cluster)
@@ -74,8 +87,9 @@ def _node(cluster: Cluster, name: str | None) -> Node:
     if name:
         return cluster.node(name)
     if len(cluster.nodes) != 1:
-        raise PlacementError(f"the cluster has {len(cluster.nodes)} nodes; say which one the command runs on "
-                             "(--node)")
+        raise PlacementError(
+            f"the cluster has {len(cluster.nodes)} nodes; say which one the command runs on (--node)"
+        )
     return cluster.nodes[0]
 
 
@@ -97,22 +111,36 @@ def _request(cmd: ParsedCommand, model: ModelSpec, dtype: str | None, concurrenc
     if cmd.backend in (VLLM, SGLANG):
         return Request(
             max_model_len=cmd.integer("--max-model-len", model.max_position_embeddings),
-            concurrency=concurrency or 1, dtype=dtype, kv_cache_dtype=cmd.get("--kv-cache-dtype", "auto") or "auto",
-            backend=cmd.backend, gpu_memory_utilization=_fraction(cmd),
-            max_num_batched_tokens=cmd.integer("--max-num-batched-tokens"), max_num_seqs=cmd.integer("--max-num-seqs"),
-            enforce_eager=cmd.flag("--enforce-eager") or cmd.flag("--disable-cuda-graph"))
+            concurrency=concurrency or 1,
+            dtype=dtype,
+            kv_cache_dtype=cmd.get("--kv-cache-dtype", "auto") or "auto",
+            backend=cmd.backend,
+            gpu_memory_utilization=_fraction(cmd),
+            max_num_batched_tokens=cmd.integer("--max-num-batched-tokens"),
+            max_num_seqs=cmd.integer("--max-num-seqs"),
+            enforce_eager=cmd.flag("--enforce-eager") or cmd.flag("--disable-cuda-graph"),
+        )
     if cmd.backend == LLAMA_CPP:
         slots = cmd.integer("--parallel", 1) or 1
         total = cmd.integer("--ctx-size", 4096) or model.max_position_embeddings
-        return Request(max_model_len=max(1, total // slots), concurrency=slots, dtype=dtype,
-                       kv_cache_dtype=cmd.get("--cache-type-k", "f16") or "f16", backend=LLAMA_CPP,
-                       flash_attention=str(cmd.get("--flash-attn", "on")).lower() not in ("off", "0", "false"),
-                       split_mode=cmd.get("--split-mode", "layer") or "layer")
+        return Request(
+            max_model_len=max(1, total // slots),
+            concurrency=slots,
+            dtype=dtype,
+            kv_cache_dtype=cmd.get("--cache-type-k", "f16") or "f16",
+            backend=LLAMA_CPP,
+            flash_attention=str(cmd.get("--flash-attn", "on")).lower() not in ("off", "0", "false"),
+            split_mode=cmd.get("--split-mode", "layer") or "layer",
+        )
     flash = env.get("OLLAMA_FLASH_ATTENTION", "0").lower() in TRUE
-    return Request(max_model_len=_env_int(env, "OLLAMA_CONTEXT_LENGTH", 4096),
-                   concurrency=_env_int(env, "OLLAMA_NUM_PARALLEL", 1), dtype=dtype,
-                   kv_cache_dtype=env.get("OLLAMA_KV_CACHE_TYPE", "f16") if flash else "f16",  # quantized KV needs FA
-                   backend=OLLAMA, flash_attention=flash)
+    return Request(
+        max_model_len=_env_int(env, "OLLAMA_CONTEXT_LENGTH", 4096),
+        concurrency=_env_int(env, "OLLAMA_NUM_PARALLEL", 1),
+        dtype=dtype,
+        kv_cache_dtype=env.get("OLLAMA_KV_CACHE_TYPE", "f16") if flash else "f16",  # quantized KV needs FA
+        backend=OLLAMA,
+        flash_attention=flash,
+    )
 
 
 def _env_int(env: dict[str, str], key: str, default: int) -> int:
@@ -130,8 +158,9 @@ def _fraction(cmd: ParsedCommand) -> float:
     return default_fraction(cmd.backend, cmd.integer("--tensor-parallel-size", 1) or 1)
 
 
-def _visible_gpus(cmd: ParsedCommand, node: Node, visible: list[int] | str | None,
-                  env: dict[str, str] | None) -> tuple[list[GPU], list[str]]:
+def _visible_gpus(
+    cmd: ParsedCommand, node: Node, visible: list[int] | str | None, env: dict[str, str] | None
+) -> tuple[list[GPU], list[str]]:
     text = visible if isinstance(visible, str) else ",".join(map(str, visible)) if visible else None
     text = text or cmd.env.get("CUDA_VISIBLE_DEVICES") or (env or {}).get("CUDA_VISIBLE_DEVICES")
     indices = [g.index for g in node.gpus]
@@ -140,8 +169,10 @@ def _visible_gpus(cmd: ParsedCommand, node: Node, visible: list[int] | str | Non
     chosen, notes = parse_visible(text, indices)
     gpus = [node.gpu(i) for i in chosen]
     if len({g.model for g in gpus}) > 1 and cmd.env.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
-        notes.append("mixed GPU models without CUDA_DEVICE_ORDER=PCI_BUS_ID: CUDA numbers the fastest GPU "
-                     "first, so CUDA_VISIBLE_DEVICES indices may not match nvidia-smi's")
+        notes.append(
+            "mixed GPU models without CUDA_DEVICE_ORDER=PCI_BUS_ID: CUDA numbers the fastest GPU "
+            "first, so CUDA_VISIBLE_DEVICES indices may not match nvidia-smi's"
+        )
     return [g for g in gpus if g is not None], notes
 
 
@@ -150,10 +181,15 @@ def _hf_layout(ev: Evaluator, cmd: ParsedCommand, gpus: list[GPU]) -> tuple[Any,
     pp = cmd.integer("--pipeline-parallel-size", 1) or 1
     problems = []
     if tp * pp > len(gpus):
-        problems.append(Issue("divisibility", f"TP={tp} x PP={pp} needs {tp * pp} GPUs but only {len(gpus)} are "
-                              "visible; the server stops with a world-size error"))
+        problems.append(
+            Issue(
+                "divisibility",
+                f"TP={tp} x PP={pp} needs {tp * pp} GPUs but only {len(gpus)} are "
+                "visible; the server stops with a world-size error",
+            )
+        )
         tp, pp = min(tp, len(gpus)), 1
-    stages = [tuple(gpus[i * tp:(i + 1) * tp]) for i in range(pp)]
+    stages = [tuple(gpus[i * tp : (i + 1) * tp]) for i in range(pp)]
     layers = _partition(cmd.env.get("VLLM_PP_LAYER_PARTITION"), ev.model.num_layers, pp)
     return make_layout(ev.cluster, cmd.backend, stages, layers), problems
 
@@ -166,7 +202,9 @@ def _partition(text: str | None, layers: int, pp: int) -> list[int]:
     except ValueError as exc:
         raise PlacementError(f"VLLM_PP_LAYER_PARTITION must list integers, got '{text}'") from exc
     if len(counts) != pp or sum(counts) != layers:
-        raise PlacementError(f"VLLM_PP_LAYER_PARTITION={text} must give {pp} stages summing to {layers} layers")
+        raise PlacementError(
+            f"VLLM_PP_LAYER_PARTITION={text} must give {pp} stages summing to {layers} layers"
+        )
     return counts
 
 
@@ -195,12 +233,16 @@ def _fractions(text: str) -> list[float]:
 def _notes(cmd: ParsedCommand, model: ModelSpec) -> list[str]:
     notes = []
     if cmd.backend == OLLAMA and cmd.env:
-        notes.append("OLLAMA_* variables configure the server: set them where `ollama serve` starts, not only "
-                     "for `ollama run`")
+        notes.append(
+            "OLLAMA_* variables configure the server: set them where `ollama serve` starts, not only "
+            "for `ollama run`"
+        )
     layers = cmd.integer("--n-gpu-layers")
     if cmd.backend == LLAMA_CPP and layers is not None and layers < model.num_layers:
-        notes.append(f"-ngl {layers} leaves {model.num_layers - layers} layers on the CPU; this check assumes "
-                     "all layers on GPUs")
+        notes.append(
+            f"-ngl {layers} leaves {model.num_layers - layers} layers on the CPU; this check assumes "
+            "all layers on GPUs"
+        )
     return notes
 
 
@@ -209,8 +251,13 @@ def _ollama_spills(candidate: Candidate, problems: list[Issue]) -> list[Issue]:
     Memory shortfalls become a risk (it runs, much slower) instead of a problem."""
     spill = [p for p in problems if p.code in ("memory", "busy")]
     for p in spill:
-        candidate.risks.append(Issue(p.code, f"{p.message}; Ollama will keep the layers that do not fit on the CPU, "
-                                     "so it starts but decodes far slower than predicted"))
+        candidate.risks.append(
+            Issue(
+                p.code,
+                f"{p.message}; Ollama will keep the layers that do not fit on the CPU, "
+                "so it starts but decodes far slower than predicted",
+            )
+        )
     return [p for p in problems if p not in spill]
 
 
@@ -222,9 +269,14 @@ def _explicit_length(cmd: ParsedCommand, request: Request) -> int | None:
     return request.max_model_len
 
 
-def check_command(argv: list[str] | str, cluster: Cluster, visible: list[int] | str | None = None,
-                  env: dict[str, str] | None = None, node: str | None = None,
-                  concurrency: int | None = None) -> CheckResult:
+def check_command(
+    argv: list[str] | str,
+    cluster: Cluster,
+    visible: list[int] | str | None = None,
+    env: dict[str, str] | None = None,
+    node: str | None = None,
+    concurrency: int | None = None,
+) -> CheckResult:
     cmd = parse_command(argv)
     target = _node(cluster, node)
     model, dtype = _model(cmd)
@@ -243,7 +295,13 @@ def check_command(argv: list[str] | str, cluster: Cluster, visible: list[int] | 
     result.problems = shape_problems + candidate.problems
     if cmd.backend == OLLAMA:
         result.problems = _ollama_spills(candidate, result.problems)
-    free = replace(request, backend=None, gpu_memory_utilization=None, node=target.name, split_mode="layer",
-                   max_model_len=_explicit_length(cmd, request))
+    free = replace(
+        request,
+        backend=None,
+        gpu_memory_utilization=None,
+        node=target.name,
+        split_mode="layer",
+        max_model_len=_explicit_length(cmd, request),
+    )
     result.suggestions = plan(model, cluster, free)
     return result

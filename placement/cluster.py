@@ -42,7 +42,15 @@ class GpuModel:
 
 # Per-node input errors: the node is skipped and reported, the rest of the cluster is still planned. Besides
 # PlacementError (a clear message), a malformed entry can raise these while it is read.
-NODE_INPUT_ERRORS = (PlacementError, TypeError, ValueError, KeyError, AttributeError, IndexError, ArithmeticError)
+NODE_INPUT_ERRORS = (
+    PlacementError,
+    TypeError,
+    ValueError,
+    KeyError,
+    AttributeError,
+    IndexError,
+    ArithmeticError,
+)
 ESTIMATED = "estimated"  # GPU.model of a GPU that is not in the table and has no speed overrides
 MAX_GPU_MEMORY_MIB = 2**24  # 16 TiB, far above any GPU: a larger total is a reporting error
 
@@ -51,9 +59,18 @@ MAX_GPU_MEMORY_MIB = 2**24  # 16 TiB, far above any GPU: a larger total is a rep
 def gpu_table() -> tuple[GpuModel, ...]:
     text = resources.files("placement.data").joinpath("gpus.csv").read_text(encoding="utf-8")
     return tuple(
-        GpuModel(row["name"], row["family"], frozenset(row["hints"].split()), float(row["memory_gib"]),
-                 float(row["mem_bw_gbs"]), float(row["bf16_tflops"]), float(row["nvlink_gbs_total"]),
-                 int(row["nvlink_gen"]), int(row["pcie_gen"]), row["pcie_p2p"] == "yes")
+        GpuModel(
+            row["name"],
+            row["family"],
+            frozenset(row["hints"].split()),
+            float(row["memory_gib"]),
+            float(row["mem_bw_gbs"]),
+            float(row["bf16_tflops"]),
+            float(row["nvlink_gbs_total"]),
+            int(row["nvlink_gen"]),
+            int(row["pcie_gen"]),
+            row["pcie_p2p"] == "yes",
+        )
         for row in csv.DictReader(text.splitlines())
     )
 
@@ -139,7 +156,9 @@ class Node:
 
     def hardware_signature(self) -> tuple[Any, ...]:
         """Everything planning depends on except the name and free memory."""
-        gpus = tuple((g.index, g.model, g.memory_total_mib, g.mem_bw_gbs, g.tflops, g.numa) for g in self.gpus)
+        gpus = tuple(
+            (g.index, g.model, g.memory_total_mib, g.mem_bw_gbs, g.tflops, g.numa) for g in self.gpus
+        )
         return gpus, tuple(sorted(self.links.items())), self.network_gbps, self.rdma
 
     def signature(self) -> tuple[Any, ...]:
@@ -174,7 +193,9 @@ class Cluster:
         rejected = next((r for r in self.rejected_nodes if r.name == name), None)
         if rejected is not None:
             raise PlacementError(f"node '{name}' cannot be planned: {rejected.reason}")
-        raise PlacementError(f"no node named '{name}' in the cluster ({', '.join(n.name for n in self.nodes)})")
+        raise PlacementError(
+            f"no node named '{name}' in the cluster ({', '.join(n.name for n in self.nodes)})"
+        )
 
 
 # ---------------------------------------------------------------- loading
@@ -202,18 +223,27 @@ def _read_nodes(nodes: list[Any]) -> tuple[list[Node], list[NodeRejection]]:
         except NODE_INPUT_ERRORS as exc:
             name = raw.get("name") if isinstance(raw, dict) else None
             name = name if isinstance(name, str) and name else f"nodes[{i}]"
-            reason = str(exc) if isinstance(exc, PlacementError) else \
-                f"{where} ('{name}'): malformed entry ({type(exc).__name__})"
+            reason = (
+                str(exc)
+                if isinstance(exc, PlacementError)
+                else f"{where} ('{name}'): malformed entry ({type(exc).__name__})"
+            )
             rejected.append(NodeRejection(name, reason))
     return built, rejected
 
 
-def _drop_repeated_names(built: list[Node], rejected: list[NodeRejection]) -> tuple[list[Node], list[NodeRejection]]:
+def _drop_repeated_names(
+    built: list[Node], rejected: list[NodeRejection]
+) -> tuple[list[Node], list[NodeRejection]]:
     """Plans name nodes by name: nodes that share one cannot be told apart, so none of them is planned."""
     counts = Counter(node.name for node in built)
     repeated = {name for name, count in counts.items() if count > 1}
-    rejected += [NodeRejection(name, f"cluster: {counts[name]} nodes are named '{name}'; plans could not "
-                               f"say which one is meant") for name in sorted(repeated)]
+    rejected += [
+        NodeRejection(
+            name, f"cluster: {counts[name]} nodes are named '{name}'; plans could not say which one is meant"
+        )
+        for name in sorted(repeated)
+    ]
     return [node for node in built if node.name not in repeated], rejected
 
 
@@ -250,16 +280,25 @@ def _node(raw: Any, where: str) -> Node:
     topo = _topology(raw.get("topology"), f"{where} topology")
     p2p = _topology(raw.get("p2p"), f"{where} p2p")
     numa = _numa_by_index(topo)
-    gpus = sorted((_gpu(g, name, f"{where} gpus[{i}]", numa) for i, g in enumerate(gpus_raw)),
-                  key=lambda g: g.index)
+    gpus = sorted(
+        (_gpu(g, name, f"{where} gpus[{i}]", numa) for i, g in enumerate(gpus_raw)), key=lambda g: g.index
+    )
     indices = [g.index for g in gpus]
     if len(set(indices)) != len(indices):
         raise PlacementError(f"{where}: GPU indices repeat ({indices})")
     gbps = raw.get("network_gbps")
     if gbps is not None:
         gbps = _number(raw, "network_gbps", where)
-    node = Node(name, gpus, {}, gbps, bool(raw.get("rdma", False)), raw.get("network_interface"),
-                raw.get("address"), topo is not None)
+    node = Node(
+        name,
+        gpus,
+        {},
+        gbps,
+        bool(raw.get("rdma", False)),
+        raw.get("network_interface"),
+        raw.get("address"),
+        topo is not None,
+    )
     node.links = _links(gpus, topo, p2p)
     return node
 
@@ -284,10 +323,15 @@ def _gpu(raw: Any, node: str, where: str, numa: dict[int, str | None]) -> GPU:
     estimated = model is None and (bw is None or tflops is None)
     default_bw, default_tflops = (model.mem_bw_gbs, model.tflops) if model else estimated_speed()
     return GPU(
-        node=node, index=index, name=name, memory_total_mib=total, memory_free_mib=free,
+        node=node,
+        index=index,
+        name=name,
+        memory_total_mib=total,
+        memory_free_mib=free,
         mem_bw_gbs=_number(raw, "mem_bw_gbs", where) if bw is not None else default_bw,
         tflops=_number(raw, "bf16_tflops", where) if tflops is not None else default_tflops,
-        nvlink_gbs_total=model.nvlink_gbs_total if model else 0.0, nvlink_gen=model.nvlink_gen if model else 0,
+        nvlink_gbs_total=model.nvlink_gbs_total if model else 0.0,
+        nvlink_gen=model.nvlink_gen if model else 0,
         pcie_gen=model.pcie_gen if model else 4,
         # Whether its driver allows P2P over PCIe is unknown too: assume not (TP then carries the link risk)
         # unless the node's `topo -p2p` says OK; a wrong "yes" would hide an NCCL hang.
@@ -316,7 +360,9 @@ def _parse_text(text: str, where: str) -> dict[str, Any]:
     try:
         from agents.topo import TopologyParseError, parse_topology
     except ImportError as exc:
-        raise PlacementError(f"{where}: raw topology text needs agents.topo, which is not importable") from exc
+        raise PlacementError(
+            f"{where}: raw topology text needs agents.topo, which is not importable"
+        ) from exc
     try:
         return parse_topology(text)
     except TopologyParseError as exc:
@@ -349,16 +395,23 @@ def _labels(topo: dict[str, Any] | None, want_p2p: bool) -> dict[tuple[int, int]
     return labels
 
 
-def _links(gpus: list[GPU], topo: dict[str, Any] | None, p2p: dict[str, Any] | None) -> dict[tuple[int, int], Link]:
+def _links(
+    gpus: list[GPU], topo: dict[str, Any] | None, p2p: dict[str, Any] | None
+) -> dict[tuple[int, int], Link]:
     labels = _labels(topo, want_p2p=False)
     statuses = {**_labels(topo, want_p2p=True), **_labels(p2p, want_p2p=True)}
     links = {}
     for i, a in enumerate(gpus):
-        for b in gpus[i + 1:]:
+        for b in gpus[i + 1 :]:
             key = (a.index, b.index)
             nvlink = (min(a.nvlink_gbs_total, b.nvlink_gbs_total), min(a.nvlink_gen, b.nvlink_gen))
-            links[key] = gpu_link(labels.get(key), statuses.get(key), min(a.pcie_gen, b.pcie_gen),
-                                  a.driver_p2p and b.driver_p2p, nvlink)
+            links[key] = gpu_link(
+                labels.get(key),
+                statuses.get(key),
+                min(a.pcie_gen, b.pcie_gen),
+                a.driver_p2p and b.driver_p2p,
+                nvlink,
+            )
     return links
 
 

@@ -12,17 +12,48 @@ from placement.request import LLAMA_CPP, OLLAMA, SGLANG, VLLM
 
 ENV_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 # Options that never take a value (everything else followed by a non-option token takes it).
-BOOLEAN = {"--enforce-eager", "--disable-custom-all-reduce", "--trust-remote-code", "--disable-cuda-graph",
-           "--enable-prefix-caching", "--no-mmap", "--mlock", "--verbose", "-v", "--cont-batching", "-cb",
-           "--kv-unified", "-kvu", "--jinja", "--metrics", "--enable-chunked-prefill"}
+BOOLEAN = {
+    "--enforce-eager",
+    "--disable-custom-all-reduce",
+    "--trust-remote-code",
+    "--disable-cuda-graph",
+    "--enable-prefix-caching",
+    "--no-mmap",
+    "--mlock",
+    "--verbose",
+    "-v",
+    "--cont-batching",
+    "-cb",
+    "--kv-unified",
+    "-kvu",
+    "--jinja",
+    "--metrics",
+    "--enable-chunked-prefill",
+}
 ALIASES = {
-    "-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization",
-    "--tp-size": "--tensor-parallel-size", "--tp": "--tensor-parallel-size", "--pp-size": "--pipeline-parallel-size",
-    "--context-length": "--max-model-len", "--mem-fraction-static": "--gpu-memory-utilization",
-    "--model-path": "--model", "-m": "--model", "-c": "--ctx-size", "-np": "--parallel", "-ngl": "--n-gpu-layers",
-    "--gpu-layers": "--n-gpu-layers", "-sm": "--split-mode", "-ts": "--tensor-split", "-mg": "--main-gpu",
-    "-ctk": "--cache-type-k", "-ctv": "--cache-type-v", "-fa": "--flash-attn", "-dev": "--device",
-    "--max-running-requests": "--max-num-seqs", "--chunked-prefill-size": "--max-num-batched-tokens",
+    "-tp": "--tensor-parallel-size",
+    "-pp": "--pipeline-parallel-size",
+    "-q": "--quantization",
+    "--tp-size": "--tensor-parallel-size",
+    "--tp": "--tensor-parallel-size",
+    "--pp-size": "--pipeline-parallel-size",
+    "--context-length": "--max-model-len",
+    "--mem-fraction-static": "--gpu-memory-utilization",
+    "--model-path": "--model",
+    "-m": "--model",
+    "-c": "--ctx-size",
+    "-np": "--parallel",
+    "-ngl": "--n-gpu-layers",
+    "--gpu-layers": "--n-gpu-layers",
+    "-sm": "--split-mode",
+    "-ts": "--tensor-split",
+    "-mg": "--main-gpu",
+    "-ctk": "--cache-type-k",
+    "-ctv": "--cache-type-v",
+    "-fa": "--flash-attn",
+    "-dev": "--device",
+    "--max-running-requests": "--max-num-seqs",
+    "--chunked-prefill-size": "--max-num-batched-tokens",
 }
 
 
@@ -117,8 +148,10 @@ def _identify(rest: list[str]) -> tuple[str, list[str], list[str]]:
         return LLAMA_CPP, rest[:1], rest[1:]
     if program == "ollama" and rest[1:2] in (["run"], ["serve"]):
         return OLLAMA, rest[:2], rest[2:]
-    raise PlacementError(f"unrecognised command '{' '.join(rest[:3])}': expected vllm serve, python -m "
-                         "sglang.launch_server, llama-server or ollama run")
+    raise PlacementError(
+        f"unrecognised command '{' '.join(rest[:3])}': expected vllm serve, python -m "
+        "sglang.launch_server, llama-server or ollama run"
+    )
 
 
 def parse_command(argv: list[str] | str) -> ParsedCommand:
@@ -142,13 +175,17 @@ def parse_visible(text: str, node_gpus: list[int]) -> tuple[list[int], list[str]
     visible: list[int] = []
     for part in [p.strip() for p in text.split(",") if p.strip()]:
         if not part.isdigit():
-            raise PlacementError(f"CUDA_VISIBLE_DEVICES entry '{part}' is not a GPU index (UUIDs and MIG names "
-                                 "are not supported here; pass --visible with indices)")
+            raise PlacementError(
+                f"CUDA_VISIBLE_DEVICES entry '{part}' is not a GPU index (UUIDs and MIG names "
+                "are not supported here; pass --visible with indices)"
+            )
         index = int(part)
         if index not in node_gpus:
-            notes.append(f"CUDA_VISIBLE_DEVICES={text}: GPU {index} does not exist on this node (GPUs "
-                         f"{','.join(map(str, node_gpus))}); CUDA ignores it and every index after it, so only "
-                         f"GPUs {','.join(map(str, visible)) or 'none'} are visible")
+            notes.append(
+                f"CUDA_VISIBLE_DEVICES={text}: GPU {index} does not exist on this node (GPUs "
+                f"{','.join(map(str, node_gpus))}); CUDA ignores it and every index after it, so only "
+                f"GPUs {','.join(map(str, visible)) or 'none'} are visible"
+            )
             break
         visible.append(index)
     if not visible:

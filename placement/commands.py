@@ -69,9 +69,19 @@ def _dtype_flags(model: ModelSpec, c: Candidate) -> list[str]:
 def _vllm_argv(model: ModelSpec, c: Candidate) -> list[str]:
     lay, s = c.layout, c.settings
     knobs = c.memory.knobs if c.memory else {}
-    argv = ["vllm", "serve", model.serve_ref, "--tensor-parallel-size", str(lay.tp), "--pipeline-parallel-size",
-            str(lay.pp), "--max-model-len", str(s.max_model_len),
-            "--gpu-memory-utilization", f"{knobs.get('gpu_memory_utilization', 0.9):g}"]
+    argv = [
+        "vllm",
+        "serve",
+        model.serve_ref,
+        "--tensor-parallel-size",
+        str(lay.tp),
+        "--pipeline-parallel-size",
+        str(lay.pp),
+        "--max-model-len",
+        str(s.max_model_len),
+        "--gpu-memory-utilization",
+        f"{knobs.get('gpu_memory_utilization', 0.9):g}",
+    ]
     argv += _dtype_flags(model, c)
     argv += ["--kv-cache-dtype", s.kv_dtype] if s.kv_dtype != "auto" else []
     if model.vision and lay.tp > 1 and model.vision.num_heads % lay.tp:
@@ -91,8 +101,10 @@ def vllm_launch(model: ModelSpec, c: Candidate, cluster: Cluster) -> Launch:
     if not others:
         return Launch(env, shell_line(env, _vllm_argv(model, c)))
     ray_head = f"{_address(cluster, head)}:{RAY_PORT}"
-    workers = {n: shell_line(_node_env(c, cluster, n, extra), ["ray", "start", "--address", ray_head, "--block"])
-               for n in others}
+    workers = {
+        n: shell_line(_node_env(c, cluster, n, extra), ["ray", "start", "--address", ray_head, "--block"])
+        for n in others
+    }
     start = shell_line(env, ["ray", "start", "--head", "--port", str(RAY_PORT)])
     return Launch(env, f"{start} && {shell_line(env, _vllm_argv(model, c))}", workers)
 
@@ -102,8 +114,12 @@ def sglang_launch(model: ModelSpec, c: Candidate, cluster: Cluster) -> Launch:
     knobs = c.memory.knobs if c.memory else {}
     argv = ["python", "-m", "sglang.launch_server", "--model-path", model.serve_ref, "--tp-size", str(lay.tp)]
     argv += ["--pp-size", str(lay.pp)] if lay.pp > 1 else []
-    argv += ["--context-length", str(s.max_model_len),
-             "--mem-fraction-static", f"{knobs.get('mem_fraction_static', 0.88):g}"]
+    argv += [
+        "--context-length",
+        str(s.max_model_len),
+        "--mem-fraction-static",
+        f"{knobs.get('mem_fraction_static', 0.88):g}",
+    ]
     argv += _dtype_flags(model, c)
     argv += ["--kv-cache-dtype", "fp8_e5m2"] if s.kv_dtype == "fp8" else []
     argv += ["--disable-custom-all-reduce"] if _needs_plain_allreduce(c) else []
@@ -111,8 +127,18 @@ def sglang_launch(model: ModelSpec, c: Candidate, cluster: Cluster) -> Launch:
     nodes = lay.node_names
     lines = {}
     for rank, node in enumerate(nodes):
-        multi = ["--nnodes", str(len(nodes)), "--node-rank", str(rank),
-                 "--dist-init-addr", f"{_address(cluster, nodes[0])}:{DIST_PORT}"] if len(nodes) > 1 else []
+        multi = (
+            [
+                "--nnodes",
+                str(len(nodes)),
+                "--node-rank",
+                str(rank),
+                "--dist-init-addr",
+                f"{_address(cluster, nodes[0])}:{DIST_PORT}",
+            ]
+            if len(nodes) > 1
+            else []
+        )
         lines[node] = shell_line(_node_env(c, cluster, node, _tp_env(c)), argv + multi)
     head = lines.pop(nodes[0])
     return Launch(_node_env(c, cluster, nodes[0], _tp_env(c)), head, lines)
@@ -138,7 +164,9 @@ def llama_launch(model: ModelSpec, c: Candidate, cluster: Cluster) -> Launch:
     head, *others = lay.node_names
     if others:
         argv += ["--rpc", ",".join(f"{_address(cluster, n)}:{RPC_PORT}" for n in others)]
-    rpc = {n: shell_line(_visible(c, n), ["rpc-server", "-H", "0.0.0.0", "-p", str(RPC_PORT)]) for n in others}
+    rpc = {
+        n: shell_line(_visible(c, n), ["rpc-server", "-H", "0.0.0.0", "-p", str(RPC_PORT)]) for n in others
+    }
     env = _visible(c, head)
     return Launch(env, shell_line(env, argv), rpc)
 
@@ -156,8 +184,12 @@ def ollama_tag(model: ModelSpec, c: Candidate) -> str:
 
 def ollama_launch(model: ModelSpec, c: Candidate) -> Launch:
     s = c.settings
-    env = {**_visible(c, c.layout.node_names[0]), "OLLAMA_NUM_PARALLEL": str(s.concurrency),
-           "OLLAMA_CONTEXT_LENGTH": str(s.max_model_len), "OLLAMA_FLASH_ATTENTION": "1"}
+    env = {
+        **_visible(c, c.layout.node_names[0]),
+        "OLLAMA_NUM_PARALLEL": str(s.concurrency),
+        "OLLAMA_CONTEXT_LENGTH": str(s.max_model_len),
+        "OLLAMA_FLASH_ATTENTION": "1",
+    }
     if s.kv_dtype not in ("f16", "auto"):
         env["OLLAMA_KV_CACHE_TYPE"] = s.kv_dtype
     if len(c.layout.gpus) > 1:

@@ -43,21 +43,56 @@ _HF_FORMATS = [
     WeightFormat("mxfp4", 4.25, HF, False, experts_only=True),
 ]
 _GGUF_BITS = {
-    "F32": 32, "F16": 16, "BF16": 16, "Q8_0": 8.5, "Q6_K": 6.5625, "Q5_K_M": 5.68, "Q5_K_S": 5.52,
-    "Q5_0": 5.5, "Q5_1": 6.0, "Q4_K_M": 4.84, "Q4_K_S": 4.58, "Q4_0": 4.5, "Q4_1": 5.0, "IQ4_XS": 4.25,
-    "IQ4_NL": 4.5, "Q3_K_L": 4.27, "Q3_K_M": 3.91, "Q3_K_S": 3.5, "Q2_K": 3.35, "MXFP4": 4.25,
+    "F32": 32,
+    "F16": 16,
+    "BF16": 16,
+    "Q8_0": 8.5,
+    "Q6_K": 6.5625,
+    "Q5_K_M": 5.68,
+    "Q5_K_S": 5.52,
+    "Q5_0": 5.5,
+    "Q5_1": 6.0,
+    "Q4_K_M": 4.84,
+    "Q4_K_S": 4.58,
+    "Q4_0": 4.5,
+    "Q4_1": 5.0,
+    "IQ4_XS": 4.25,
+    "IQ4_NL": 4.5,
+    "Q3_K_L": 4.27,
+    "Q3_K_M": 3.91,
+    "Q3_K_S": 3.5,
+    "Q2_K": 3.35,
+    "MXFP4": 4.25,
 }
 FORMATS: dict[str, WeightFormat] = {f.name: f for f in _HF_FORMATS}
 FORMATS.update({name: WeightFormat(name, bits, GGUF, True) for name, bits in _GGUF_BITS.items()})
 
 _ALIASES = {
-    "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32",
-    "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "w8a8": "int8", "w8a16": "int8", "w4a16": "int4",
-    "compressed-tensors": "int4", "f16": "F16",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+    "w8a8": "int8",
+    "w8a16": "int8",
+    "w4a16": "int4",
+    "compressed-tensors": "int4",
+    "f16": "F16",
 }
 # The GGUF type llama.cpp/Ollama would run for an HF dtype, and back.
-HF_TO_GGUF = {"bf16": "BF16", "fp16": "F16", "fp32": "F32", "fp8": "Q8_0", "int8": "Q8_0", "int4": "Q4_K_M",
-              "awq": "Q4_K_M", "gptq": "Q4_K_M", "mxfp4": "MXFP4"}
+HF_TO_GGUF = {
+    "bf16": "BF16",
+    "fp16": "F16",
+    "fp32": "F32",
+    "fp8": "Q8_0",
+    "int8": "Q8_0",
+    "int4": "Q4_K_M",
+    "awq": "Q4_K_M",
+    "gptq": "Q4_K_M",
+    "mxfp4": "MXFP4",
+}
 GGUF_TO_HF = {"BF16": "bf16", "F16": "fp16", "F32": "fp32", "Q8_0": "int8", "MXFP4": "mxfp4"}
 
 
@@ -81,13 +116,40 @@ def format_for_family(fmt: WeightFormat, family: str) -> WeightFormat | None:
 
 # KV cache element sizes in bytes. vLLM/SGLang: auto (= activation dtype, 16 bit) or fp8;
 # llama.cpp `-ctk/-ctv`: f16, bf16, q8_0 (34 bytes / 32), q4_0 (18 / 32), q5_0/q5_1.
-KV_BYTES = {"auto": 2.0, "bf16": 2.0, "fp16": 2.0, "f16": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0,
-            "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32, "f32": 4.0}
+KV_BYTES = {
+    "auto": 2.0,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "f16": 2.0,
+    "fp8": 1.0,
+    "fp8_e4m3": 1.0,
+    "fp8_e5m2": 1.0,
+    "q8_0": 34 / 32,
+    "q5_1": 24 / 32,
+    "q5_0": 22 / 32,
+    "q4_1": 20 / 32,
+    "q4_0": 18 / 32,
+    "f32": 4.0,
+}
 # What each family calls the dtype it would use for a requested KV dtype.
-KV_FOR_GGUF = {"auto": "f16", "bf16": "bf16", "fp16": "f16", "fp8": "q8_0", "fp8_e4m3": "q8_0",
-               "fp8_e5m2": "q8_0"}
-KV_FOR_HF = {"f16": "auto", "bf16": "auto", "q8_0": "fp8", "q4_0": "fp8", "q4_1": "fp8", "q5_0": "fp8",
-             "q5_1": "fp8", "f32": "auto"}
+KV_FOR_GGUF = {
+    "auto": "f16",
+    "bf16": "bf16",
+    "fp16": "f16",
+    "fp8": "q8_0",
+    "fp8_e4m3": "q8_0",
+    "fp8_e5m2": "q8_0",
+}
+KV_FOR_HF = {
+    "f16": "auto",
+    "bf16": "auto",
+    "q8_0": "fp8",
+    "q4_0": "fp8",
+    "q4_1": "fp8",
+    "q5_0": "fp8",
+    "q5_1": "fp8",
+    "f32": "auto",
+}
 
 
 def kv_dtype(name: str, family: str) -> str:

@@ -53,7 +53,9 @@ class Evaluator:
         self.model, self.cluster, self.request = model, cluster, request
         self.backends = backends_for(model, request)
         self.settings: dict[str, Settings] = {b: resolve(model, request, b) for b in self.backends}
-        self.weights: dict[str, WeightBytes] = {b: weight_bytes(model, s.fmt) for b, s in self.settings.items()}
+        self.weights: dict[str, WeightBytes] = {
+            b: weight_bytes(model, s.fmt) for b, s in self.settings.items()
+        }
         self._perf: dict[tuple[object, ...], Perf] = {}
         self.layouts: dict[tuple[object, ...], Layout | None] = {}
 
@@ -64,7 +66,11 @@ class Evaluator:
     def evaluate(self, layout: Layout, encoder_data_mode: bool = True) -> Candidate:
         settings = self.settings[layout.backend]
         problems = divisibility_problems(self.model, layout, settings)
-        vision = vision_tp_problem(self.model, layout, encoder_data_mode) if layout.backend in (VLLM, SGLANG) else None
+        vision = (
+            vision_tp_problem(self.model, layout, encoder_data_mode)
+            if layout.backend in (VLLM, SGLANG)
+            else None
+        )
         problems += [vision] if vision else []
         net_problems, net_risks = network_issues(layout)
         problems += net_problems
@@ -73,8 +79,15 @@ class Evaluator:
             return Candidate(layout, settings, None, None, problems, risks)
         memory = self._memory(layout, settings, self.request.split_mode)
         perf = self._predict(layout, settings, memory) if not memory.problems else None
-        return Candidate(layout, settings, memory, perf, memory.problems, memory.risks + risks,
-                         _split_notes(layout.backend, self.request.split_mode) + _rpc_notes(layout))
+        return Candidate(
+            layout,
+            settings,
+            memory,
+            perf,
+            memory.problems,
+            memory.risks + risks,
+            _split_notes(layout.backend, self.request.split_mode) + _rpc_notes(layout),
+        )
 
     def _memory(self, layout: Layout, settings: Settings, split_mode: str) -> MemoryReport:
         wb = self.weights[layout.backend]
@@ -87,27 +100,40 @@ class Evaluator:
     def _predict(self, layout: Layout, settings: Settings, memory: MemoryReport) -> Perf:
         chunk = batch_defaults(layout.gpus[0], settings)[0] if layout.backend in (VLLM, SGLANG) else UBATCH
         streams = served_streams(layout, settings, memory.kv_tokens)
-        key = (layout.backend, layout.layers, layout.tp_links, layout.boundaries, streams, chunk,
-               tuple((g.model, g.mem_bw_gbs, g.tflops) for g in layout.gpus))
+        key = (
+            layout.backend,
+            layout.layers,
+            layout.tp_links,
+            layout.boundaries,
+            streams,
+            chunk,
+            tuple((g.model, g.mem_bw_gbs, g.tflops) for g in layout.gpus),
+        )
         if key not in self._perf:
-            self._perf[key] = predict(self.model, self.weights[layout.backend], layout, settings,
-                                      memory.kv_tokens, chunk)
+            self._perf[key] = predict(
+                self.model, self.weights[layout.backend], layout, settings, memory.kv_tokens, chunk
+            )
         return self._perf[key]
-
 
 
 def _split_notes(backend: str, split_mode: str) -> list[str]:
     if backend != LLAMA_CPP or split_mode == "layer":
         return []
     if split_mode == "row":
-        return ["--split-mode row is deprecated in llama.cpp: it splits only dense weights and runs slower; "
-                "prefer layer"]
-    return ["--split-mode tensor is experimental in llama.cpp: it needs flash attention, an NCCL build "
-            "(-DGGML_CUDA_NCCL=ON) and an unquantized KV cache, and excludes several MoE/hybrid models"]
+        return [
+            "--split-mode row is deprecated in llama.cpp: it splits only dense weights and runs slower; "
+            "prefer layer"
+        ]
+    return [
+        "--split-mode tensor is experimental in llama.cpp: it needs flash attention, an NCCL build "
+        "(-DGGML_CUDA_NCCL=ON) and an unquantized KV cache, and excludes several MoE/hybrid models"
+    ]
 
 
 def _rpc_notes(layout: Layout) -> list[str]:
     if layout.backend != LLAMA_CPP or not layout.multi_node:
         return []
-    return ["llama.cpp lists RPC devices and local GPUs in its own order: check `llama-server --list-devices "
-            "--rpc ...` and reorder --tensor-split to match before launching"]
+    return [
+        "llama.cpp lists RPC devices and local GPUs in its own order: check `llama-server --list-devices "
+        "--rpc ...` and reorder --tensor-split to match before launching"
+    ]

@@ -98,7 +98,9 @@ def _file_type(meta: dict[str, Any], readers: list[Any]) -> str:
     return GGMLQuantizationType(int(biggest.tensor_type)).name
 
 
-def _sliding(meta: dict[str, Any], arch: str, layers: int, kv_counted: int) -> tuple[int | None, int, int | None]:
+def _sliding(
+    meta: dict[str, Any], arch: str, layers: int, kv_counted: int
+) -> tuple[int | None, int, int | None]:
     window = meta.get(f"{arch}.attention.sliding_window")
     attention_layers = kv_counted if kv_counted >= 0 else layers
     if not window:
@@ -131,17 +133,34 @@ def load_gguf(path: Path, ref: str) -> ModelSpec:
     layer_bytes, embed, output = _tensor_bytes(readers, layers)
     experts = int(meta.get(f"{arch}.expert_count") or 0)
     projector = sum(p.stat().st_size for p in sorted(path.parent.glob("mmproj*.gguf")))
-    tensors = GgufTensors(_file_type(meta, readers), tuple(layer_bytes), embed, output, float(projector),
-                          tuple(str(p) for p in parts))
+    tensors = GgufTensors(
+        _file_type(meta, readers),
+        tuple(layer_bytes),
+        embed,
+        output,
+        float(projector),
+        tuple(str(p) for p in parts),
+    )
     return ModelSpec(
-        name=str(meta.get("general.name") or path.stem), ref=ref, source=where, architecture=arch,
-        hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
+        name=str(meta.get("general.name") or path.stem),
+        ref=ref,
+        source=where,
+        architecture=arch,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
         head_dim=int(meta.get(f"{arch}.attention.key_length") or hidden // heads),
-        intermediate_size=ffn, vocab_size=vocab,
+        intermediate_size=ffn,
+        vocab_size=vocab,
         max_position_embeddings=int(meta.get(f"{arch}.context_length") or 4096),
         tie_word_embeddings="output.weight" not in {t.name for r in readers for t in r.tensors},
-        native_format=tensors.file_type, num_experts=experts,
+        native_format=tensors.file_type,
+        num_experts=experts,
         experts_per_tok=int(meta.get(f"{arch}.expert_used_count") or 0) if experts else 0,
         moe_intermediate_size=int(meta.get(f"{arch}.expert_feed_forward_length") or 0),
-        full_attention_layers=full, sliding_layers=sliding, sliding_window=window, gguf=tensors,
+        full_attention_layers=full,
+        sliding_layers=sliding,
+        sliding_window=window,
+        gguf=tensors,
     )

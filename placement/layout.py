@@ -56,7 +56,7 @@ def group_link(cluster: Cluster, group: tuple[GPU, ...]) -> Link | None:
     """Worst link inside a group; None when the group spans nodes with no network description."""
     links = []
     for i, a in enumerate(group):
-        for b in group[i + 1:]:
+        for b in group[i + 1 :]:
             link = pair_link(cluster, a, b)
             if link is None:
                 return None

@@ -22,16 +22,26 @@ NV_RE = re.compile(r"NV(\d+)$")
 P2P_BROKEN = frozenset({"NS", "CNS", "GNS", "TNS", "DR"})
 PCIE_GBS = {1: 2.0, 2: 4.0, 3: 15.75, 4: 31.5, 5: 63.0, 6: 126.0}
 
-NVLINK, P2P, UNKNOWN, STAGED, CROSS_SOCKET, NETWORK = "nvlink", "p2p", "unknown", "staged", "cross_socket", "network"
+NVLINK, P2P, UNKNOWN, STAGED, CROSS_SOCKET, NETWORK = (
+    "nvlink",
+    "p2p",
+    "unknown",
+    "staged",
+    "cross_socket",
+    "network",
+)
 # Order used to build TP groups: lower is better.
 QUALITY = {NVLINK: 0, P2P: 1, UNKNOWN: 2, STAGED: 3, CROSS_SOCKET: 4, NETWORK: 5}
 
 NVLINK_STEP_US, P2P_STEP_US, STAGED_STEP_US, NETWORK_STEP_US = 2.5, 3.2, 6.0, 61.5
 NVLINK_GBS_PER_LINK, P2P_SHARE, STAGED_SHARE, NETWORK_SHARE = 20.0, 0.8, 0.25, 0.8
 KIND_TEXT = {
-    NVLINK: "NVLink", P2P: "PCIe P2P", UNKNOWN: "unknown link (no topology)",
+    NVLINK: "NVLink",
+    P2P: "PCIe P2P",
+    UNKNOWN: "unknown link (no topology)",
     STAGED: "PCIe without P2P (copies staged through host memory)",
-    CROSS_SOCKET: "through the CPU interconnect between sockets, no P2P", NETWORK: "network",
+    CROSS_SOCKET: "through the CPU interconnect between sockets, no P2P",
+    NETWORK: "network",
 }
 
 
@@ -58,8 +68,10 @@ class Link:
         if self.kind == NVLINK:
             links = NV_RE.match(self.label)
             generation = f", generation {self.nvlink_gen}" if self.nvlink_gen else ""
-            return f"{self.label} (NVLink, {links.group(1) if links else '?'} links{generation}, " \
-                   f"~{self.busbw_gbs:.0f} GB/s bus{status})"
+            return (
+                f"{self.label} (NVLink, {links.group(1) if links else '?'} links{generation}, "
+                f"~{self.busbw_gbs:.0f} GB/s bus{status})"
+            )
         return f"{self.label} ({KIND_TEXT[self.kind]}{status})"
 
     def allreduce_us(self, size_bytes: float, ranks: int) -> float:
@@ -78,8 +90,9 @@ def _pcie(gen: int) -> float:
     return PCIE_GBS.get(gen, PCIE_GBS[4])
 
 
-def gpu_link(label: str | None, p2p: str | None, pcie_gen: int, driver_p2p: bool,
-             nvlink: tuple[float, int] = (0.0, 0)) -> Link:
+def gpu_link(
+    label: str | None, p2p: str | None, pcie_gen: int, driver_p2p: bool, nvlink: tuple[float, int] = (0.0, 0)
+) -> Link:
     """The link between two GPUs of one node, from its topo -m label and P2P status; `nvlink` is the
     GPUs' NVLink total bandwidth (GB/s, both directions) and generation from the GPU table."""
     if label is None:
@@ -88,8 +101,9 @@ def gpu_link(label: str | None, p2p: str | None, pcie_gen: int, driver_p2p: bool
     if nv:
         total, generation = nvlink
         cap = 0.75 * total / 2 if total else float("inf")
-        return Link(label, NVLINK, p2p, NVLINK_STEP_US, min(int(nv.group(1)) * NVLINK_GBS_PER_LINK, cap),
-                    generation)
+        return Link(
+            label, NVLINK, p2p, NVLINK_STEP_US, min(int(nv.group(1)) * NVLINK_GBS_PER_LINK, cap), generation
+        )
     if label in ("SYS", "SOC"):
         return Link(label, CROSS_SOCKET, p2p, STAGED_STEP_US, STAGED_SHARE * _pcie(pcie_gen))
     has_p2p = p2p == "OK" or (p2p not in P2P_BROKEN and driver_p2p)

@@ -56,10 +56,17 @@ class GpuMemory:
 
     def to_json(self) -> dict[str, object]:
         data: dict[str, object] = {"node": self.gpu.node, "gpu": self.gpu.index, "name": self.gpu.name}
-        data["layers"] = [self.first_layer, self.first_layer + self.layer_count - 1] if self.layer_count else []
+        data["layers"] = (
+            [self.first_layer, self.first_layer + self.layer_count - 1] if self.layer_count else []
+        )
         data.update({f"{key}_gib": round(value, 2) for key, value in self.parts.items()})
-        data.update(total_gib=round(self.used_gib, 2), limit_gib=round(self.limit_gib, 2), limit=self.limit_text,
-                    free_gib=round(self.gpu.free_gib, 2), capacity_gib=round(self.gpu.total_gib, 2))
+        data.update(
+            total_gib=round(self.used_gib, 2),
+            limit_gib=round(self.limit_gib, 2),
+            limit=self.limit_text,
+            free_gib=round(self.gpu.free_gib, 2),
+            capacity_gib=round(self.gpu.total_gib, 2),
+        )
         if self.budget_gib is not None:
             data["budget_gib"] = round(self.budget_gib, 2)
         if self.kv_tokens is not None:
@@ -133,7 +140,7 @@ def activation_bytes(model: ModelSpec, tp: int, tokens: int, seqs: int, first: b
     vision = cache = 0.0
     if model.vision and first:
         v = model.vision
-        patches = ENCODER_BUDGET_TOKENS * v.spatial_merge_size ** 2
+        patches = ENCODER_BUDGET_TOKENS * v.spatial_merge_size**2
         split = tp if vision_sharded(model, tp) else 1
         vision = patches * (2 * v.hidden_size + 2 * v.intermediate_size / split) * ACT_BYTES
         cache = ENCODER_BUDGET_TOKENS * v.out_hidden_size * ACT_BYTES
@@ -150,15 +157,22 @@ def kv_bytes_per_token(model: ModelSpec, layout: Layout, stage: int, kv_bytes: f
 def context_problems(model: ModelSpec, settings: Settings) -> list[Issue]:
     if settings.max_model_len <= model.max_position_embeddings:
         return []
-    return [Issue("context", f"context {settings.max_model_len:,} tokens exceeds the model's "
-                  f"max_position_embeddings {model.max_position_embeddings:,} (needs rope scaling in the "
-                  "config; vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")]
+    return [
+        Issue(
+            "context",
+            f"context {settings.max_model_len:,} tokens exceeds the model's "
+            f"max_position_embeddings {model.max_position_embeddings:,} (needs rope scaling in the "
+            "config; vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)",
+        )
+    ]
 
 
 # ---------------------------------------------------------------- budget (utilization) and busy GPUs
 
 
-def choose_fraction(layout: Layout, settings: Settings, outside_gib: float) -> tuple[float, list[Issue], list[Issue]]:
+def choose_fraction(
+    layout: Layout, settings: Settings, outside_gib: float
+) -> tuple[float, list[Issue], list[Issue]]:
     """The memory fraction to run with, plus busy risks and problems.
 
     An explicit fraction is kept and checked against free memory (vLLM refuses to start when free
@@ -185,9 +199,14 @@ def _startup_problems(layout: Layout, fraction: float, name: str) -> list[Issue]
     for gpu in layout.gpus:
         wanted = gpu.total_gib * fraction
         if gpu.free_gib < wanted:
-            problems.append(Issue("busy", f"{gpu.label}: only {gpu.free_gib:.1f} of {gpu.total_gib:.1f} GiB free "
-                                  f"({gpu.used_gib:.1f} GiB used by other processes); {name} {fraction:g} asks "
-                                  f"for {wanted:.1f} GiB at startup, so the server refuses to start"))
+            problems.append(
+                Issue(
+                    "busy",
+                    f"{gpu.label}: only {gpu.free_gib:.1f} of {gpu.total_gib:.1f} GiB free "
+                    f"({gpu.used_gib:.1f} GiB used by other processes); {name} {fraction:g} asks "
+                    f"for {wanted:.1f} GiB at startup, so the server refuses to start",
+                )
+            )
     return problems
 
 
@@ -196,10 +215,18 @@ def _busy_risks(layout: Layout, fraction: float, default: float, name: str) -> l
     if not busy:
         return []
     used = ", ".join(f"{g.label} {g.used_gib:.1f} GiB" for g in busy)
-    action = (f"{name} lowered from {default:g} to {fraction:g} to fit" if fraction < default
-              else f"{name} {fraction:g} still fits")
-    return [Issue("busy", f"other processes already use memory ({used}); {action}; if they grow, the "
-                  "server can fail to start or run out of memory")]
+    action = (
+        f"{name} lowered from {default:g} to {fraction:g} to fit"
+        if fraction < default
+        else f"{name} {fraction:g} still fits"
+    )
+    return [
+        Issue(
+            "busy",
+            f"other processes already use memory ({used}); {action}; if they grow, the "
+            "server can fail to start or run out of memory",
+        )
+    ]
 
 
 # ---------------------------------------------------------------- vLLM and SGLang
@@ -209,8 +236,10 @@ def vllm_family_memory(model: ModelSpec, wb: WeightBytes, layout: Layout, settin
     graphs = 0.0 if settings.request.enforce_eager else CUDA_GRAPH_GIB
     sglang = settings.backend == SGLANG
     tokens, seqs = batch_defaults(layout.gpus[0], settings)
-    peaks = [activation_bytes(model, layout.tp, tokens, seqs, s == 0, s == layout.pp - 1) / GIB
-             for s in range(layout.pp)]
+    peaks = [
+        activation_bytes(model, layout.tp, tokens, seqs, s == 0, s == layout.pp - 1) / GIB
+        for s in range(layout.pp)
+    ]
     non_torch = NON_TORCH_GIB + (NCCL_GIB if len(layout.gpus) > 1 else 0.0)
     # vLLM captures graphs outside its budget; SGLang keeps activations, graphs and non-torch memory outside.
     outside = graphs + (max(peaks) + non_torch if sglang else 0.0)
@@ -220,7 +249,9 @@ def vllm_family_memory(model: ModelSpec, wb: WeightBytes, layout: Layout, settin
         weights = stage_weight_bytes(model, wb, layout, stage) / GIB
         per_token = kv_bytes_per_token(model, layout, stage, settings.kv_bytes)
         parts = {"weights": weights, "activation": peaks[stage], "non_torch": non_torch}
-        gpus += [_rank_memory(parts, per_token, settings, layout, stage, gpu, fraction, graphs) for gpu in group]
+        gpus += [
+            _rank_memory(parts, per_token, settings, layout, stage, gpu, fraction, graphs) for gpu in group
+        ]
     kv_tokens = min(g.kv_tokens or 0 for g in gpus)
     problems += _fit_problems(gpus, settings, kv_tokens, sglang) + context_problems(model, settings)
     knob = "mem_fraction_static" if sglang else "gpu_memory_utilization"
@@ -228,8 +259,16 @@ def vllm_family_memory(model: ModelSpec, wb: WeightBytes, layout: Layout, settin
     return MemoryReport(gpus, kv_tokens, problems, risks, knobs)
 
 
-def _rank_memory(shared: dict[str, float], per_token: float, settings: Settings, layout: Layout, stage: int,
-                 gpu: GPU, fraction: float, graphs: float) -> GpuMemory:
+def _rank_memory(
+    shared: dict[str, float],
+    per_token: float,
+    settings: Settings,
+    layout: Layout,
+    stage: int,
+    gpu: GPU,
+    fraction: float,
+    graphs: float,
+) -> GpuMemory:
     """One GPU: the stage's weights, activation and non-torch memory; the rest of the budget is KV."""
     budget = gpu.total_gib * fraction
     sglang = settings.backend == SGLANG
@@ -237,8 +276,17 @@ def _rank_memory(shared: dict[str, float], per_token: float, settings: Settings,
     block = 1 if sglang else BLOCK
     parts = {**shared, "kv_cache": kv_gib, "cuda_graphs": graphs}
     kv_tokens = int(kv_gib * GIB // (per_token * block)) * block if per_token else 0
-    return GpuMemory(gpu, stage, layout.first_layer(stage), layout.layers[stage], parts, gpu.free_gib,
-                     f"{gpu.free_gib:.1f} GiB free", kv_tokens, budget)
+    return GpuMemory(
+        gpu,
+        stage,
+        layout.first_layer(stage),
+        layout.layers[stage],
+        parts,
+        gpu.free_gib,
+        f"{gpu.free_gib:.1f} GiB free",
+        kv_tokens,
+        budget,
+    )
 
 
 def _inside_budget(parts: dict[str, float], sglang: bool) -> float:
@@ -251,10 +299,15 @@ def _inside_budget(parts: dict[str, float], sglang: bool) -> float:
 def _fit_problems(gpus: list[GpuMemory], settings: Settings, kv_tokens: int, sglang: bool) -> list[Issue]:
     problems = [issue for g in gpus if (issue := _gpu_fit(g, settings, sglang))]
     if not problems and kv_tokens < settings.max_model_len:
-        problems.append(Issue("context", f"the KV cache holds {kv_tokens:,} tokens per replica, fewer than the "
-                              f"{settings.max_model_len:,}-token context one request may need (vLLM: \"The model's "
-                              "max seq len is larger than the maximum number of tokens that can be stored in KV "
-                              "cache\"); shorten the context, use an fp8 KV cache, or add GPUs"))
+        problems.append(
+            Issue(
+                "context",
+                f"the KV cache holds {kv_tokens:,} tokens per replica, fewer than the "
+                f"{settings.max_model_len:,}-token context one request may need (vLLM: \"The model's "
+                "max seq len is larger than the maximum number of tokens that can be stored in KV "
+                'cache"); shorten the context, use an fp8 KV cache, or add GPUs',
+            )
+        )
     return problems
 
 
@@ -266,14 +319,26 @@ def _gpu_fit(g: GpuMemory, settings: Settings, sglang: bool) -> Issue | None:
     if need > budget:
         parts = f"weights {need:.1f} GiB"
         if not sglang:
-            parts = (f"weights {g.parts['weights']:.1f} + activation peak {g.parts['activation']:.1f} + non-torch "
-                     f"{g.parts['non_torch']:.2f} = {need:.1f} GiB")
-        return Issue(code, f"{g.gpu.label}: {parts} exceed the budget of "
-                     f"{budget / g.gpu.total_gib:g} x {g.gpu.total_gib:.1f} GiB = {budget:.1f} GiB, leaving "
-                     "nothing for the KV cache")
+            parts = (
+                f"weights {g.parts['weights']:.1f} + activation peak {g.parts['activation']:.1f} + non-torch "
+                f"{g.parts['non_torch']:.2f} = {need:.1f} GiB"
+            )
+        return Issue(
+            code,
+            f"{g.gpu.label}: {parts} exceed the budget of "
+            f"{budget / g.gpu.total_gib:g} x {g.gpu.total_gib:.1f} GiB = {budget:.1f} GiB, leaving "
+            "nothing for the KV cache",
+        )
     if g.used_gib > g.gpu.free_gib + 1e-9:
         outside = g.used_gib - budget
-        what = "activations, CUDA graphs and non-torch memory" if sglang else "CUDA graphs (captured after the KV pool)"
-        return Issue(code, f"{g.gpu.label}: the {budget:.1f} GiB budget plus {what} ({outside:.1f} GiB) exceed the "
-                     f"{g.gpu.free_gib:.1f} GiB free; lower the fraction{'' if sglang else ' or add --enforce-eager'}")
+        what = (
+            "activations, CUDA graphs and non-torch memory"
+            if sglang
+            else "CUDA graphs (captured after the KV pool)"
+        )
+        return Issue(
+            code,
+            f"{g.gpu.label}: the {budget:.1f} GiB budget plus {what} ({outside:.1f} GiB) exceed the "
+            f"{g.gpu.free_gib:.1f} GiB free; lower the fraction{'' if sglang else ' or add --enforce-eager'}",
+        )
     return None

@@ -53,7 +53,9 @@ def projector_compute_bytes(model: ModelSpec, wb: WeightBytes) -> float:
     return IMAGE_PATCHES * (2 * v.hidden_size + 2 * v.intermediate_size) * 4
 
 
-def _fixed(model: ModelSpec, wb: WeightBytes, settings: Settings, first: bool, last: bool) -> dict[str, float]:
+def _fixed(
+    model: ModelSpec, wb: WeightBytes, settings: Settings, first: bool, last: bool
+) -> dict[str, float]:
     parts = {"cuda_context": CUDA_CONTEXT_GIB, "compute_buffer": compute_buffer_bytes(model, settings) / GIB}
     if first and wb.vision:
         parts["vision"] = (wb.vision + projector_compute_bytes(model, wb)) / GIB
@@ -62,10 +64,14 @@ def _fixed(model: ModelSpec, wb: WeightBytes, settings: Settings, first: bool, l
     return parts
 
 
-def _capacities(model: ModelSpec, wb: WeightBytes, gpus: list[GPU], settings: Settings, free: bool) -> list[float]:
+def _capacities(
+    model: ModelSpec, wb: WeightBytes, gpus: list[GPU], settings: Settings, free: bool
+) -> list[float]:
     last = len(gpus) - 1
-    return [(g.free_gib if free else g.total_gib) - sum(_fixed(model, wb, settings, i == 0, i == last).values())
-            for i, g in enumerate(gpus)]
+    return [
+        (g.free_gib if free else g.total_gib) - sum(_fixed(model, wb, settings, i == 0, i == last).values())
+        for i, g in enumerate(gpus)
+    ]
 
 
 def _proportional(demands: list[float], capacities: list[float]) -> list[int]:
@@ -99,7 +105,7 @@ def _greedy(demands: list[float], capacities: list[float]) -> list[int]:
 def _fits(demands: list[float], capacities: list[float], counts: list[int]) -> bool:
     start = 0
     for capacity, count in zip(capacities, counts, strict=True):
-        if sum(demands[start:start + count]) > capacity + 1e-9:
+        if sum(demands[start : start + count]) > capacity + 1e-9:
             return False
         start += count
     return True
@@ -153,8 +159,10 @@ def _layer_problems(reports: list[GpuMemory]) -> list[Issue]:
     offered = sum(g.gpu.free_gib for g in reports)
     worst = max(over, key=lambda g: g.used_gib - g.limit_gib)
     detail = ", ".join(f"{k} {v:.1f}" for k, v in worst.parts.items() if v >= 0.05)
-    message = (f"{worst.gpu.label} would need {worst.used_gib:.1f} GiB ({detail}) but has {worst.gpu.free_gib:.1f} "
-               f"GiB free; all {len(reports)} GPUs need {need:.1f} GiB and offer {offered:.1f} GiB free")
+    message = (
+        f"{worst.gpu.label} would need {worst.used_gib:.1f} GiB ({detail}) but has {worst.gpu.free_gib:.1f} "
+        f"GiB free; all {len(reports)} GPUs need {need:.1f} GiB and offer {offered:.1f} GiB free"
+    )
     # Busy, not memory: the GPUs would hold it if other processes did not.
     busy = all(g.used_gib <= g.gpu.total_gib for g in over) and any(g.gpu.used_gib >= BUSY_GIB for g in over)
     if busy:
@@ -167,12 +175,18 @@ def _busy_risks(reports: list[GpuMemory]) -> list[Issue]:
     if not busy:
         return []
     used = ", ".join(f"{g.gpu.label} {g.gpu.used_gib:.1f} GiB" for g in busy)
-    return [Issue("busy", f"other processes already use memory ({used}); the split counts only free memory, "
-                  "so if they grow the load can fail")]
+    return [
+        Issue(
+            "busy",
+            f"other processes already use memory ({used}); the split counts only free memory, "
+            "so if they grow the load can fail",
+        )
+    ]
 
 
-def tensor_split_memory(model: ModelSpec, wb: WeightBytes, layout: Layout, settings: Settings,
-                        mode: str) -> MemoryReport:
+def tensor_split_memory(
+    model: ModelSpec, wb: WeightBytes, layout: Layout, settings: Settings, mode: str
+) -> MemoryReport:
     """`--split-mode row` (deprecated: splits only dense weights; KV and the rest on the main GPU) and
     `tensor` (experimental: weights and KV split across GPUs)."""
     gpus = layout.gpus
@@ -185,7 +199,14 @@ def tensor_split_memory(model: ModelSpec, wb: WeightBytes, layout: Layout, setti
         kv = kv_all / n if mode == "tensor" else (kv_all if main else 0.0)
         parts = {"weights": weights / n, "kv_cache": kv}
         parts.update(_fixed(model, wb, settings, main, i == n - 1))
-        reports.append(GpuMemory(gpu, 0, 0, model.num_layers, parts, gpu.free_gib, f"{gpu.free_gib:.1f} GiB free"))
+        reports.append(
+            GpuMemory(gpu, 0, 0, model.num_layers, parts, gpu.free_gib, f"{gpu.free_gib:.1f} GiB free")
+        )
     problems = _layer_problems(reports) + context_problems(model, settings)
-    return MemoryReport(reports, kv_tokens_total(settings), problems, _busy_risks(reports),
-                        {"n_ctx": kv_tokens_total(settings), "split_mode": mode})
+    return MemoryReport(
+        reports,
+        kv_tokens_total(settings),
+        problems,
+        _busy_risks(reports),
+        {"n_ctx": kv_tokens_total(settings), "split_mode": mode},
+    )

@@ -17,6 +17,7 @@ from placement.request import LLAMA_CPP, OLLAMA, Request
 
 MAX_NODES = 8  # largest multi-node group tried
 
+
 def multi_node_candidates(ev: Evaluator, nodes: list[Node], request: Request) -> list[Candidate]:
     if len(nodes) < 2 or request.gpus is not None or request.node is not None:
         return []
@@ -71,7 +72,7 @@ def _multi_layout(ev: Evaluator, nodes: list[Node], backend: str, tp: int) -> La
     per_node = len(nodes[0].gpus)
     if tp > per_node:
         span = tp // per_node
-        stages = [tuple(g for n in nodes[i:i + span] for g in n.gpus) for i in range(0, len(nodes), span)]
+        stages = [tuple(g for n in nodes[i : i + span] for g in n.gpus) for i in range(0, len(nodes), span)]
         return make_layout(ev.cluster, backend, stages, even_layers(ev.model.num_layers, len(stages)))
     stages: list[tuple[GPU, ...]] = []
     for node in nodes:

@@ -27,7 +27,7 @@ from placement.spec import ModelSpec
 from placement.weights import WeightBytes
 
 # Fraction of peak HBM bandwidth decode reaches, fitted on throughput_observations.csv (derivation in
-# docs/placement.md, "Calibration"; tests/test_placement_accuracy.py refits it). vLLM/SGLang: the two
+# docs/placement.md, "Calibration"; tests/placement/test_placement_accuracy.py refits it). vLLM/SGLang: the two
 # LambdaLabs H100 rows (Llama-3.1-70B FP8, TP1 TPOT 33.1 ms, TP2 over NVLink 22.3 ms) -> 0.60, the value
 # whose errors on the two rows have a geometric mean of 1 (each row alone would give 0.66 and 0.55).
 # llama.cpp/Ollama: the A30 Ollama layer-split row and the 4x3090 tensor-split row -> 0.36 (0.37 and
@@ -79,11 +79,16 @@ class DecodeStep:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "micro_batches": self.micro, "batch": self.batch,
-            "stages_ms": [{"hbm": round(s.hbm_ms, 2), "compute": round(s.compute_ms, 2), "tp_comm": round(s.tp_ms, 2)}
-                          for s in self.stages],
-            "pp_handoff_ms": round(self.handoff_ms, 3), "overhead_ms": self.overhead_ms,
-            "serial_ms": round(self.serial_ms, 2), "cycle_ms": round(self.cycle_ms, 2),
+            "micro_batches": self.micro,
+            "batch": self.batch,
+            "stages_ms": [
+                {"hbm": round(s.hbm_ms, 2), "compute": round(s.compute_ms, 2), "tp_comm": round(s.tp_ms, 2)}
+                for s in self.stages
+            ],
+            "pp_handoff_ms": round(self.handoff_ms, 3),
+            "overhead_ms": self.overhead_ms,
+            "serial_ms": round(self.serial_ms, 2),
+            "cycle_ms": round(self.cycle_ms, 2),
         }
 
 
@@ -98,8 +103,12 @@ class Perf:
     assumes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
-        return {"streams": self.streams, "decode_step": self.step.to_json(),
-                "single_stream_tok_s": round(self.single_stream_tok_s, 1), "assumes": self.assumes}
+        return {
+            "streams": self.streams,
+            "decode_step": self.step.to_json(),
+            "single_stream_tok_s": round(self.single_stream_tok_s, 1),
+            "assumes": self.assumes,
+        }
 
 
 def _gpu_stage_bytes(model: ModelSpec, wb: WeightBytes, layout: Layout, stage: int, batch: int) -> float:
@@ -118,13 +127,22 @@ def _active_flops_per_token(model: ModelSpec, layout: Layout, stage: int) -> flo
     return 2 * model.active_params * share / layout.tp
 
 
-def stage_time(model: ModelSpec, wb: WeightBytes, layout: Layout, settings: Settings, stage: int,
-               batch: int, context: int) -> StageTime:
+def stage_time(
+    model: ModelSpec,
+    wb: WeightBytes,
+    layout: Layout,
+    settings: Settings,
+    stage: int,
+    batch: int,
+    context: int,
+) -> StageTime:
     gpu = layout.stages[stage][0]
     kv = kv_bytes_per_token(model, layout, stage, settings.kv_bytes) * batch * context
     read = _gpu_stage_bytes(model, wb, layout, stage, batch) + kv
     hbm_ms = read / (gpu.mem_bw_gbs * 1e9 * HBM_EFFICIENCY[settings.backend]) * 1e3
-    compute_ms = _active_flops_per_token(model, layout, stage) * batch / (gpu.tflops * 1e12 * DECODE_MFU) * 1e3
+    compute_ms = (
+        _active_flops_per_token(model, layout, stage) * batch / (gpu.tflops * 1e12 * DECODE_MFU) * 1e3
+    )
     return StageTime(hbm_ms, compute_ms, tp_comm_ms(model, layout, stage, batch))
 
 
@@ -152,17 +170,22 @@ def overhead_ms(layout: Layout, settings: Settings) -> float:
     return STEP_OVERHEAD_MS[settings.backend] + eager
 
 
-def decode_step(model: ModelSpec, wb: WeightBytes, layout: Layout, settings: Settings, streams: int) -> DecodeStep:
+def decode_step(
+    model: ModelSpec, wb: WeightBytes, layout: Layout, settings: Settings, streams: int
+) -> DecodeStep:
     """vLLM/SGLang split the streams into up to PP micro-batches; llama.cpp/Ollama run one batch."""
     pipelined = settings.backend in (VLLM, SGLANG) and layout.pp > 1
     micro = min(streams, layout.pp) if pipelined else 1
     batch = math.ceil(streams / micro)
-    stages = [stage_time(model, wb, layout, settings, s, batch, settings.decode_context) for s in range(layout.pp)]
+    stages = [
+        stage_time(model, wb, layout, settings, s, batch, settings.decode_context) for s in range(layout.pp)
+    ]
     return DecodeStep(micro, batch, stages, handoff_ms(model, layout, batch), overhead_ms(layout, settings))
 
 
-def prefill_tok_s(model: ModelSpec, wb: WeightBytes, layout: Layout, settings: Settings, prompt: int,
-                  chunk: int) -> float:
+def prefill_tok_s(
+    model: ModelSpec, wb: WeightBytes, layout: Layout, settings: Settings, prompt: int, chunk: int
+) -> float:
     """Compute-bound prompt processing in chunks; PP stages overlap across chunks."""
     chunk = max(1, min(chunk, prompt))
     chunks = math.ceil(prompt / chunk)
@@ -171,7 +194,9 @@ def prefill_tok_s(model: ModelSpec, wb: WeightBytes, layout: Layout, settings: S
     return prompt / total_ms * 1e3
 
 
-def _prefill_stage_ms(model: ModelSpec, wb: WeightBytes, layout: Layout, stage: int, chunk: int, prompt: int) -> float:
+def _prefill_stage_ms(
+    model: ModelSpec, wb: WeightBytes, layout: Layout, stage: int, chunk: int, prompt: int
+) -> float:
     gpu: GPU = layout.stages[stage][0]
     heads = model.num_heads / layout.tp
     attention = 4 * kv_layer_count(model, layout, stage) * chunk * (prompt / 2) * heads * model.head_dim
@@ -185,8 +210,9 @@ def kv_layer_count(model: ModelSpec, layout: Layout, stage: int) -> float:
     return layout.layers[stage] * model.kv_layers / model.num_layers
 
 
-def predict(model: ModelSpec, wb: WeightBytes, layout: Layout, settings: Settings, kv_tokens: int | None,
-            chunk: int) -> Perf:
+def predict(
+    model: ModelSpec, wb: WeightBytes, layout: Layout, settings: Settings, kv_tokens: int | None, chunk: int
+) -> Perf:
     streams = served_streams(layout, settings, kv_tokens)
     step = decode_step(model, wb, layout, settings, streams)
     single = decode_step(model, wb, layout, settings, 1).tok_s
@@ -205,20 +231,28 @@ def served_streams(layout: Layout, settings: Settings, kv_tokens: int | None) ->
     return max(1, min(settings.concurrency, fits))
 
 
-def _assumptions(model: ModelSpec, layout: Layout, settings: Settings, streams: int, prompt: int) -> list[str]:
+def _assumptions(
+    model: ModelSpec, layout: Layout, settings: Settings, streams: int, prompt: int
+) -> list[str]:
     eff = HBM_EFFICIENCY[settings.backend]
-    notes = [f"decode at {settings.decode_context:,} tokens of context per stream, {streams} stream(s) batched",
-             f"HBM bandwidth used at {eff:.0%} of peak; {DECODE_MFU:.0%} of peak FLOPs for large batches",
-             f"prefill of a {prompt:,}-token prompt at {PREFILL_MFU:.0%} of peak FLOPs"]
+    notes = [
+        f"decode at {settings.decode_context:,} tokens of context per stream, {streams} stream(s) batched",
+        f"HBM bandwidth used at {eff:.0%} of peak; {DECODE_MFU:.0%} of peak FLOPs for large batches",
+        f"prefill of a {prompt:,}-token prompt at {PREFILL_MFU:.0%} of peak FLOPs",
+    ]
     if model.is_moe:
-        notes.append(f"MoE: reads the experts {streams} token(s) touch (top-{model.experts_per_tok} of "
-                     f"{model.num_experts}), all experts stay resident")
+        notes.append(
+            f"MoE: reads the experts {streams} token(s) touch (top-{model.experts_per_tok} of "
+            f"{model.num_experts}), all experts stay resident"
+        )
     if layout.tp > 1:
         heads = kv_heads_per_rank(model, layout.tp)
         notes.append(f"TP={layout.tp}: 2 all-reduces per layer per step; {heads} KV head(s) per rank")
     if layout.pp > 1 and settings.backend in (VLLM, SGLANG):
-        notes.append(f"PP={layout.pp}: up to {layout.pp} micro-batches in flight; one stream still waits for "
-                     "every stage in turn")
+        notes.append(
+            f"PP={layout.pp}: up to {layout.pp} micro-batches in flight; one stream still waits for "
+            "every stage in turn"
+        )
     if settings.request.enforce_eager:
         notes.append("--enforce-eager: no CUDA graphs, per-layer launch overhead added")
     return notes

@@ -77,11 +77,34 @@ class PlanSettings:
 
 
 # Top-level keys read and written as they are (None: not in the JSON).
-_PASSED = ("weights_gib_per_gpu", "memory_gib_per_gpu", "breakdown", "kv_cache_tokens", "decode_tok_s",
-           "decode_tok_s_total", "prefill_tok_s", "env", "command", "node_commands", "why", "notes")
+_PASSED = (
+    "weights_gib_per_gpu",
+    "memory_gib_per_gpu",
+    "breakdown",
+    "kv_cache_tokens",
+    "decode_tok_s",
+    "decode_tok_s_total",
+    "prefill_tok_s",
+    "env",
+    "command",
+    "node_commands",
+    "why",
+    "notes",
+)
 
-_JSON_KEYS = {"backend", "tp", "pp", "node", "nodes", "gpus", "equivalent_nodes", "risks", "settings", "performance",
-              *_PASSED}
+_JSON_KEYS = {
+    "backend",
+    "tp",
+    "pp",
+    "node",
+    "nodes",
+    "gpus",
+    "equivalent_nodes",
+    "risks",
+    "settings",
+    "performance",
+    *_PASSED,
+}
 
 
 @dataclass(frozen=True)
@@ -91,7 +114,9 @@ class Plan:
     pp: int
     placement: tuple[NodeGpus, ...]  # the head first
     multi_node: bool
-    equivalent_nodes: tuple[str, ...] | None = None  # single-node plans: nodes the same plan would fit as well
+    equivalent_nodes: tuple[str, ...] | None = (
+        None  # single-node plans: nodes the same plan would fit as well
+    )
     weights_gib_per_gpu: float | None = None
     memory_gib_per_gpu: tuple[float, ...] | None = None
     breakdown: tuple[Mapping[str, Any], ...] | None = None  # per GPU: the planner's memory accounting
@@ -114,19 +139,34 @@ class Plan:
         if not isinstance(data, Mapping):
             raise ValueError(f"a plan must be a JSON object, not {type(data).__name__}")
         multi = "nodes" in data
-        passed = {k: tuple(data[k]) if isinstance(data[k], list) else data[k] for k in _PASSED if data.get(k) is not None}
+        passed = {
+            k: tuple(data[k]) if isinstance(data[k], list) else data[k]
+            for k in _PASSED
+            if data.get(k) is not None
+        }
         settings = data.get("settings")
         risks = data.get("risks")
-        return cls(backend=data.get("backend", ""), tp=data.get("tp") or 1, pp=data.get("pp") or 1,
-                   placement=_placement(data, multi), multi_node=multi,
-                   equivalent_nodes=tuple(data["equivalent_nodes"]) if "equivalent_nodes" in data else None,
-                   risks=tuple(Risk(r["code"], r["message"]) for r in risks) if risks is not None else None,
-                   settings=PlanSettings.from_json(settings) if settings is not None else None,
-                   performance=data.get("performance"), **passed,
-                   extra={k: v for k, v in data.items() if k not in _JSON_KEYS})
+        return cls(
+            backend=data.get("backend", ""),
+            tp=data.get("tp") or 1,
+            pp=data.get("pp") or 1,
+            placement=_placement(data, multi),
+            multi_node=multi,
+            equivalent_nodes=tuple(data["equivalent_nodes"]) if "equivalent_nodes" in data else None,
+            risks=tuple(Risk(r["code"], r["message"]) for r in risks) if risks is not None else None,
+            settings=PlanSettings.from_json(settings) if settings is not None else None,
+            performance=data.get("performance"),
+            **passed,
+            extra={k: v for k, v in data.items() if k not in _JSON_KEYS},
+        )
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"backend": self.backend, "tp": self.tp, "pp": self.pp, **self._placement_json()}
+        data: dict[str, Any] = {
+            "backend": self.backend,
+            "tp": self.tp,
+            "pp": self.pp,
+            **self._placement_json(),
+        }
         data.update({k: _plain(getattr(self, k)) for k in _PASSED if getattr(self, k) is not None})
         if self.risks is not None:
             data["risks"] = [{"code": r.code, "message": r.message} for r in self.risks]
@@ -169,8 +209,16 @@ class Plan:
         return any(r.code == BUSY for r in self.risks or ())
 
     def memory_bars(self) -> list[MemoryBar]:
-        return [MemoryBar(gpu=b["gpu"], weights_gib=b["weights_gib"], kv_cache_gib=b.get("kv_cache_gib", 0.0),
-                          total_gib=b["total_gib"], capacity_gib=b["capacity_gib"]) for b in self.breakdown or ()]
+        return [
+            MemoryBar(
+                gpu=b["gpu"],
+                weights_gib=b["weights_gib"],
+                kv_cache_gib=b.get("kv_cache_gib", 0.0),
+                total_gib=b["total_gib"],
+                capacity_gib=b["capacity_gib"],
+            )
+            for b in self.breakdown or ()
+        ]
 
 
 def _placement(data: Mapping[str, Any], multi: bool) -> tuple[NodeGpus, ...]:

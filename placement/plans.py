@@ -82,7 +82,9 @@ def _idle_twin(node: Node) -> Node:
     return replace(node, gpus=[replace(g, memory_free_mib=g.memory_total_mib) for g in node.gpus])
 
 
-def _class_candidates(ev: Evaluator, members: list[Node], request: Request, shapes_per_busy: int | None) -> list[Candidate]:
+def _class_candidates(
+    ev: Evaluator, members: list[Node], request: Request, shapes_per_busy: int | None
+) -> list[Candidate]:
     twin = _idle_twin(members[0])
     twin_signature = twin.signature()
     found = list(node_candidates(ev, twin, request))
@@ -111,8 +113,9 @@ def _shapes_by_speed(feasible: list[Candidate], limit: int | None) -> list[tuple
     return shapes if limit is None else shapes[:limit]
 
 
-def _busy_candidates(ev: Evaluator, members: list[Node], shapes: list[tuple[str, int, int]],
-                     request: Request) -> list[Candidate]:
+def _busy_candidates(
+    ev: Evaluator, members: list[Node], shapes: list[tuple[str, int, int]], request: Request
+) -> list[Candidate]:
     node = members[0]
     pool = pool_of(node, request)
     out = []

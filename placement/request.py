@@ -10,8 +10,15 @@ from placement.spec import ModelSpec
 
 VLLM, SGLANG, LLAMA_CPP, OLLAMA = "vllm", "sglang", "llama.cpp", "ollama"
 BACKENDS = (VLLM, SGLANG, LLAMA_CPP, OLLAMA)
-BACKEND_ALIASES = {"vllm": VLLM, "sglang": SGLANG, "llama.cpp": LLAMA_CPP, "llamacpp": LLAMA_CPP,
-                   "llama-server": LLAMA_CPP, "llama_cpp": LLAMA_CPP, "ollama": OLLAMA}
+BACKEND_ALIASES = {
+    "vllm": VLLM,
+    "sglang": SGLANG,
+    "llama.cpp": LLAMA_CPP,
+    "llamacpp": LLAMA_CPP,
+    "llama-server": LLAMA_CPP,
+    "llama_cpp": LLAMA_CPP,
+    "ollama": OLLAMA,
+}
 FAMILY = {VLLM: HF, SGLANG: HF, LLAMA_CPP: GGUF, OLLAMA: GGUF}
 DEFAULT_CONTEXT = 8192  # when neither the request nor a command says, plan for 8k tokens
 OLLAMA_DEFAULT_CTX = 4096  # Ollama's default num_ctx
@@ -62,17 +69,25 @@ def validate(request: Request) -> Request:
     """Reject impossible or malformed constraints with a message naming them."""
     checks = [
         (request.concurrency < 1, f"concurrency must be at least 1, got {request.concurrency}"),
-        (request.max_model_len is not None and request.max_model_len < 1,
-         f"max model length must be positive, got {request.max_model_len}"),
+        (
+            request.max_model_len is not None and request.max_model_len < 1,
+            f"max model length must be positive, got {request.max_model_len}",
+        ),
         (request.tp is not None and request.tp < 1, f"--tp must be at least 1, got {request.tp}"),
         (request.pp is not None and request.pp < 1, f"--pp must be at least 1, got {request.pp}"),
-        (request.gpu_memory_utilization is not None and not 0 < request.gpu_memory_utilization <= 1,
-         f"--gpu-memory-utilization must be in (0, 1], got {request.gpu_memory_utilization}"),
-        (request.gpus is not None and len(set(request.gpus)) != len(request.gpus or ()),
-         f"--gpus repeats a GPU: {request.gpus}"),
+        (
+            request.gpu_memory_utilization is not None and not 0 < request.gpu_memory_utilization <= 1,
+            f"--gpu-memory-utilization must be in (0, 1], got {request.gpu_memory_utilization}",
+        ),
+        (
+            request.gpus is not None and len(set(request.gpus)) != len(request.gpus or ()),
+            f"--gpus repeats a GPU: {request.gpus}",
+        ),
         (request.split_mode not in ("layer", "row", "tensor"), f"unknown split mode '{request.split_mode}'"),
-        (request.decode_context is not None and request.decode_context < 1,
-         f"decode context must be positive, got {request.decode_context}"),
+        (
+            request.decode_context is not None and request.decode_context < 1,
+            f"decode context must be positive, got {request.decode_context}",
+        ),
     ]
     for failed, message in checks:
         if failed:
@@ -88,8 +103,9 @@ def _check_shape(request: Request) -> None:
         return
     width = (request.tp or 1) * (request.pp or 1)
     if request.tp and request.pp and width != len(request.gpus):
-        raise PlacementError(f"--tp {request.tp} x --pp {request.pp} = {width} GPUs, but --gpus lists "
-                             f"{len(request.gpus)}")
+        raise PlacementError(
+            f"--tp {request.tp} x --pp {request.pp} = {width} GPUs, but --gpus lists {len(request.gpus)}"
+        )
     for part, name in ((request.tp, "--tp"), (request.pp, "--pp")):
         if part and part > len(request.gpus):
             raise PlacementError(f"{name} {part} needs more GPUs than --gpus lists ({len(request.gpus)})")
@@ -116,4 +132,6 @@ def resolve(model: ModelSpec, request: Request, backend: str) -> Settings:
     default_len = OLLAMA_DEFAULT_CTX if backend == OLLAMA else DEFAULT_CONTEXT
     length = request.max_model_len or min(model.max_position_embeddings, default_len)
     context = request.decode_context or max(1, length // 2)
-    return Settings(backend, fmt, kv, KV_BYTES[kv], length, request.concurrency, min(context, length), request)
+    return Settings(
+        backend, fmt, kv, KV_BYTES[kv], length, request.concurrency, min(context, length), request
+    )

@@ -56,16 +56,20 @@ def memory_text(c: Candidate, model: ModelSpec) -> str:
     if c.backend in (LLAMA_CPP, OLLAMA):
         layers = "/".join(str(n) for n in c.layout.layers)
         kv = sum(g.parts["kv_cache"] for g in mem.gpus)
-        return (f"{text} with layers {layers}; KV for {c.settings.concurrency} slot(s) x "
-                f"{c.settings.max_model_len:,} tokens = {mem.kv_tokens:,} tokens ({kv:.1f} GiB, "
-                f"{c.settings.kv_dtype}); busiest GPU {max(g.used_gib for g in mem.gpus):.1f} GiB")
+        return (
+            f"{text} with layers {layers}; KV for {c.settings.concurrency} slot(s) x "
+            f"{c.settings.max_model_len:,} tokens = {mem.kv_tokens:,} tokens ({kv:.1f} GiB, "
+            f"{c.settings.kv_dtype}); busiest GPU {max(g.used_gib for g in mem.gpus):.1f} GiB"
+        )
     g = min(mem.gpus, key=lambda x: x.kv_tokens or 0)
     fraction = mem.knobs.get("gpu_memory_utilization", mem.knobs.get("mem_fraction_static"))
     fits = (mem.kv_tokens or 0) / c.settings.max_model_len
-    return (f"{text}; {fraction:g} x {g.gpu.total_gib:.1f} GiB = {g.budget_gib:.1f} GiB budget minus weights, "
-            f"activation {g.parts['activation']:.1f} and non-torch {g.parts['non_torch']:.2f} leaves "
-            f"{g.parts['kv_cache']:.1f} GiB of KV on the tightest GPU = {mem.kv_tokens:,} tokens "
-            f"({fits:.1f} requests of {c.settings.max_model_len:,} tokens, KV {_kv_name(c.settings.kv_dtype)})")
+    return (
+        f"{text}; {fraction:g} x {g.gpu.total_gib:.1f} GiB = {g.budget_gib:.1f} GiB budget minus weights, "
+        f"activation {g.parts['activation']:.1f} and non-torch {g.parts['non_torch']:.2f} leaves "
+        f"{g.parts['kv_cache']:.1f} GiB of KV on the tightest GPU = {mem.kv_tokens:,} tokens "
+        f"({fits:.1f} requests of {c.settings.max_model_len:,} tokens, KV {_kv_name(c.settings.kv_dtype)})"
+    )
 
 
 def _kv_name(kv: str) -> str:
@@ -87,15 +91,19 @@ def speed_text(c: Candidate) -> str:
     step, gpu = perf.step, c.layout.gpus[0]
     hbm = sum(s.hbm_ms for s in step.stages)
     tp = sum(s.tp_ms for s in step.stages)
-    text = (f"decode: {step.batch} stream(s) per micro-batch read for {hbm:.1f} ms over {c.layout.pp} stage(s) at "
-            f"{HBM_EFFICIENCY[c.backend]:.0%} of {gpu.mem_bw_gbs:g} GB/s")
+    text = (
+        f"decode: {step.batch} stream(s) per micro-batch read for {hbm:.1f} ms over {c.layout.pp} stage(s) at "
+        f"{HBM_EFFICIENCY[c.backend]:.0%} of {gpu.mem_bw_gbs:g} GB/s"
+    )
     text += f" + {tp:.1f} ms TP all-reduce" if tp >= 0.05 else ""
     text += f" + {step.handoff_ms:.2f} ms hand-offs" if step.handoff_ms >= 0.01 else ""
     text += f" + {step.overhead_ms:g} ms overhead = {step.serial_ms:.1f} ms per token"
     if step.micro > 1:
         text += f"; {step.micro} micro-batches in flight, one every {step.cycle_ms / step.micro:.1f} ms"
-    return (f"{text} -> {perf.decode_tok_s:.1f} tok/s per stream, {perf.decode_tok_s_total:.0f} tok/s for "
-            f"{perf.streams} stream(s); prefill ~{perf.prefill_tok_s:.0f} tok/s")
+    return (
+        f"{text} -> {perf.decode_tok_s:.1f} tok/s per stream, {perf.decode_tok_s_total:.0f} tok/s for "
+        f"{perf.streams} stream(s); prefill ~{perf.prefill_tok_s:.0f} tok/s"
+    )
 
 
 def why_text(c: Candidate, model: ModelSpec) -> str:
@@ -112,8 +120,11 @@ def candidate_json(c: Candidate, model: ModelSpec, cluster: Cluster) -> dict[str
         data["breakdown"] = [g.to_json() for g in mem.gpus]
         data["kv_cache_tokens"] = mem.kv_tokens
     if c.perf is not None:
-        data.update(decode_tok_s=round(c.perf.decode_tok_s, 1), decode_tok_s_total=round(c.perf.decode_tok_s_total, 1),
-                    prefill_tok_s=round(c.perf.prefill_tok_s, 0))
+        data.update(
+            decode_tok_s=round(c.perf.decode_tok_s, 1),
+            decode_tok_s_total=round(c.perf.decode_tok_s_total, 1),
+            prefill_tok_s=round(c.perf.prefill_tok_s, 0),
+        )
     return data
 
 
@@ -128,9 +139,14 @@ def plan_json(c: Candidate, model: ModelSpec, cluster: Cluster) -> dict[str, Any
     if c.notes:
         data["notes"] = c.notes
     s = c.settings
-    data["settings"] = {"dtype": s.fmt.name, "kv_cache_dtype": s.kv_dtype, "max_model_len": s.max_model_len,
-                        "concurrency": s.concurrency, "layers_per_stage": list(c.layout.layers),
-                        **(c.memory.knobs if c.memory else {})}
+    data["settings"] = {
+        "dtype": s.fmt.name,
+        "kv_cache_dtype": s.kv_dtype,
+        "max_model_len": s.max_model_len,
+        "concurrency": s.concurrency,
+        "layers_per_stage": list(c.layout.layers),
+        **(c.memory.knobs if c.memory else {}),
+    }
     data["performance"] = c.perf.to_json() if c.perf else None
     return data
 
@@ -158,11 +174,20 @@ class PlanResult:
 
     def model_json(self) -> dict[str, Any]:
         m = self.model
-        data = {"name": m.name, "source": m.source, "architecture": m.architecture, "layers": m.num_layers,
-                "hidden_size": m.hidden_size, "attention_heads": m.num_heads, "kv_heads": m.num_kv_heads,
-                "head_dim": m.head_dim, "params_b": round(m.total_params / 1e9, 2),
-                "active_params_b": round(m.active_params / 1e9, 2), "native_dtype": m.native_format,
-                "kv_bytes_per_token_16bit": 2 * m.kv_elements_per_token()}
+        data = {
+            "name": m.name,
+            "source": m.source,
+            "architecture": m.architecture,
+            "layers": m.num_layers,
+            "hidden_size": m.hidden_size,
+            "attention_heads": m.num_heads,
+            "kv_heads": m.num_kv_heads,
+            "head_dim": m.head_dim,
+            "params_b": round(m.total_params / 1e9, 2),
+            "active_params_b": round(m.active_params / 1e9, 2),
+            "native_dtype": m.native_format,
+            "kv_bytes_per_token_16bit": 2 * m.kv_elements_per_token(),
+        }
         if m.vision:
             data["vision"] = {"heads": m.vision.num_heads, "params_b": round(m.vision.params / 1e9, 2)}
         if m.sliding_window:
@@ -173,7 +198,9 @@ class PlanResult:
         """`rejected` lists the nodes left out first, then the rejected configurations; the limit covers both."""
         plans = self.plans[:limit] if limit is not None else self.plans
         nodes = [r.to_json() for r in self.rejected_nodes[:rejected_limit]]
-        rejected = self.rejected if rejected_limit is None else self.rejected[:max(0, rejected_limit - len(nodes))]
+        rejected = (
+            self.rejected if rejected_limit is None else self.rejected[: max(0, rejected_limit - len(nodes))]
+        )
         return {
             "model": self.model_json(),
             "plans": [plan_json(c, self.model, self.cluster) for c in plans],
@@ -181,4 +208,3 @@ class PlanResult:
             "plans_total": len(self.plans),
             "rejected_total": len(self.rejected_nodes) + len(self.rejected),
         }
-

@@ -33,8 +33,11 @@ def _shapes(backend: str, n: int, request: Request) -> list[tuple[int, int]]:
         shapes = [(1, n)]
     else:
         shapes = [(tp, n // tp) for tp in divisors(n)]
-    return [(tp, pp) for tp, pp in shapes
-            if (request.tp is None or request.tp == tp) and (request.pp is None or request.pp == pp)]
+    return [
+        (tp, pp)
+        for tp, pp in shapes
+        if (request.tp is None or request.tp == tp) and (request.pp is None or request.pp == pp)
+    ]
 
 
 def node_candidates(ev: Evaluator, node: Node, request: Request) -> Iterator[Candidate]:
@@ -65,8 +68,11 @@ def layout_for(ev: Evaluator, node: Node, pool: list[GPU], backend: str, tp: int
     key = (node.name, tuple(g.index for g in pool), tuple(g.memory_free_mib for g in pool), tp, pp)
     if key not in ev.layouts:  # vLLM and SGLang share the GPU choice and its links
         groups = tp_groups(node, pool, tp, pp)
-        ev.layouts[key] = None if groups is None else make_layout(ev.cluster, backend, groups,
-                                                                  even_layers(ev.model.num_layers, pp))
+        ev.layouts[key] = (
+            None
+            if groups is None
+            else make_layout(ev.cluster, backend, groups, even_layers(ev.model.num_layers, pp))
+        )
     cached = ev.layouts[key]
     return None if cached is None else replace(cached, backend=backend)
 
@@ -80,17 +86,20 @@ def _weights_exceed(ev: Evaluator, backend: str, pool: list[GPU], n: int) -> Iss
     if on_gpu <= free:
         return None
     busy = on_gpu <= sum(g.total_gib for g in best)  # it would fit if other processes let go
-    message = (f"the weights alone ({on_gpu:.1f} GiB as {ev.settings[backend].fmt.name}) exceed the {free:.1f} GiB "
-               f"free on the best {n} GPU(s){' (other processes hold the rest)' if busy else ''}; any TP x PP "
-               f"over {n} GPU(s) fails")
+    message = (
+        f"the weights alone ({on_gpu:.1f} GiB as {ev.settings[backend].fmt.name}) exceed the {free:.1f} GiB "
+        f"free on the best {n} GPU(s){' (other processes hold the rest)' if busy else ''}; any TP x PP "
+        f"over {n} GPU(s) fails"
+    )
     return Issue("busy" if busy else "memory", message)
 
 
-def _quick_reject(ev: Evaluator, backend: str, pool: list[GPU], n: int, shape: tuple[int, int],
-                  problem: Issue) -> Candidate:
+def _quick_reject(
+    ev: Evaluator, backend: str, pool: list[GPU], n: int, shape: tuple[int, int], problem: Issue
+) -> Candidate:
     chosen = sorted(by_free_memory(pool)[:n], key=lambda g: g.index)
     tp, pp = shape
-    stages = [tuple(chosen[i * tp:(i + 1) * tp]) for i in range(pp)]
+    stages = [tuple(chosen[i * tp : (i + 1) * tp]) for i in range(pp)]
     layout = make_layout(ev.cluster, backend, stages, even_layers(ev.model.num_layers, pp))
     return Candidate(layout, ev.settings[backend], None, None, [problem], [])
 
@@ -114,7 +123,10 @@ def reject_cross_socket_tp(found: list[Candidate], request: Request) -> None:
 
 def _cross_socket_issue(c: Candidate, alt: Candidate) -> Issue:
     link = next(link for link in c.layout.tp_links if link is not None and link.kind == CROSS_SOCKET)
-    return Issue("link", f"TP={c.layout.tp} would all-reduce over {link.describe()}, where NCCL hangs or crawls "
-                 f"(the seed scenario); {shape_text(alt)} on {len(alt.layout.gpus)} GPU(s) runs without TP across "
-                 f"that link ({alt.throughput:.1f} vs {c.throughput:.1f} tok/s predicted in total); force this "
-                 f"with --tp {c.layout.tp} and NCCL_P2P_DISABLE=1 if you accept the risk")
+    return Issue(
+        "link",
+        f"TP={c.layout.tp} would all-reduce over {link.describe()}, where NCCL hangs or crawls "
+        f"(the seed scenario); {shape_text(alt)} on {len(alt.layout.gpus)} GPU(s) runs without TP across "
+        f"that link ({alt.throughput:.1f} vs {c.throughput:.1f} tok/s predicted in total); force this "
+        f"with --tp {c.layout.tp} and NCCL_P2P_DISABLE=1 if you accept the risk",
+    )

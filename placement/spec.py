@@ -123,8 +123,13 @@ class ModelSpec:
 
     @cached_property
     def geometric_layer_params(self) -> float:
-        return self.attn_qo_params + self.attn_kv_params + self.expert_params + self.dense_mlp_params \
+        return (
+            self.attn_qo_params
+            + self.attn_kv_params
+            + self.expert_params
+            + self.dense_mlp_params
             + 2.0 * self.hidden_size
+        )
 
     @property
     def embed_params(self) -> float:
@@ -140,7 +145,8 @@ class ModelSpec:
         if not self.text_params:
             return 1.0
         return (self.text_params - self.embed_params - self.lm_head_params) / (
-            self.num_layers * self.geometric_layer_params)
+            self.num_layers * self.geometric_layer_params
+        )
 
     @cached_property
     def layer_params(self) -> float:
@@ -208,7 +214,8 @@ def vision_params(hidden: int, intermediate: int, depth: int, merge: int, out: i
     """ViT blocks (qkv+proj, 2-matrix MLP) plus patch mergers (MLP over merge x merge patches)."""
     merged = hidden * merge * merge
     return depth * (4.0 * hidden * hidden + 2.0 * hidden * intermediate) + mergers * (
-        merged * merged + merged * out)
+        merged * merged + merged * out
+    )
 
 
 def _vision_from_config(config: dict[str, Any], where: str, text_hidden: int) -> VisionSpec | None:
@@ -263,16 +270,27 @@ def spec_from_hf_config(config: dict[str, Any], name: str, ref: str, source: str
     experts = int(text.get("num_local_experts") or text.get("num_experts") or 0)
     arch = (config.get("architectures") or [text.get("model_type", "unknown")])[0]
     return ModelSpec(
-        name=name, ref=ref, source=source, architecture=str(arch), hidden_size=hidden, num_layers=layers,
-        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        name=name,
+        ref=ref,
+        source=source,
+        architecture=str(arch),
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
         intermediate_size=_int(text, "intermediate_size", where),
-        vocab_size=_int(text, "vocab_size", where), max_position_embeddings=max_pos,
+        vocab_size=_int(text, "vocab_size", where),
+        max_position_embeddings=max_pos,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-        native_format=native_format_of(config), num_experts=experts,
+        native_format=native_format_of(config),
+        num_experts=experts,
         experts_per_tok=int(text.get("num_experts_per_tok") or 0) if experts else 0,
         moe_intermediate_size=int(text.get("moe_intermediate_size") or 0),
         shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size") or 0),
-        full_attention_layers=full, sliding_layers=sliding, sliding_window=window,
+        full_attention_layers=full,
+        sliding_layers=sliding,
+        sliding_window=window,
         vision=_vision_from_config(config, where, hidden),
     )
 
@@ -318,8 +336,9 @@ def _norm(text: str) -> str:
 
 
 # Quantization suffixes in Ollama tags and file names (qwen3-vl-32b-instruct-bf16, llama3:70b-q4_K_M).
-_QUANT_SUFFIX = re.compile(r"[-_:.](bf16|fp16|f16|fp32|f32|fp8|int8|int4|awq|gptq|mxfp4|i?q\d[\w]*)$",
-                           re.IGNORECASE)
+_QUANT_SUFFIX = re.compile(
+    r"[-_:.](bf16|fp16|f16|fp32|f32|fp8|int8|int4|awq|gptq|mxfp4|i?q\d[\w]*)$", re.IGNORECASE
+)
 
 
 def split_quant_suffix(name: str) -> tuple[str, str | None]:
@@ -349,9 +368,15 @@ def _catalog_vision(entry: dict[str, Any], text_hidden: int) -> VisionSpec | Non
     tower = entry.get("vision_tower")
     if not tower:
         return None
-    return VisionSpec(int(tower["num_heads"]), int(tower["hidden_size"]), int(tower["intermediate_size"]),
-                      int(tower["depth"]), int(tower.get("out_hidden_size", text_hidden)),
-                      int(tower.get("spatial_merge_size", 2)), float(tower["params_b"]) * 1e9)
+    return VisionSpec(
+        int(tower["num_heads"]),
+        int(tower["hidden_size"]),
+        int(tower["intermediate_size"]),
+        int(tower["depth"]),
+        int(tower.get("out_hidden_size", text_hidden)),
+        int(tower.get("spatial_merge_size", 2)),
+        float(tower["params_b"]) * 1e9,
+    )
 
 
 def catalog_spec(key: str, ref: str) -> ModelSpec:

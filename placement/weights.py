@@ -50,19 +50,36 @@ def weight_bytes(spec: ModelSpec, fmt: WeightFormat) -> WeightBytes:
     per_layer = dense * dense_bytes + experts
     lm_head = spec.lm_head_params or spec.embed_params  # tied: the last stage still holds a copy
     share = spec.experts_per_tok / spec.num_experts if spec.is_moe else 1.0
-    return WeightBytes(fmt, (per_layer,) * spec.num_layers, spec.attn_kv_params * scale * dense_bytes, experts,
-                       share, spec.embed_params * outer, lm_head * outer, spec.vision_params * SIXTEEN_BIT)
+    return WeightBytes(
+        fmt,
+        (per_layer,) * spec.num_layers,
+        spec.attn_kv_params * scale * dense_bytes,
+        experts,
+        share,
+        spec.embed_params * outer,
+        lm_head * outer,
+        spec.vision_params * SIXTEEN_BIT,
+    )
 
 
 def _gguf_bytes(spec: ModelSpec, fmt: WeightFormat) -> WeightBytes:
     tensors = spec.gguf
     assert tensors is not None
     if fmt.name != tensors.file_type:
-        raise PlacementError(f"{spec.source} holds {tensors.file_type} weights; dtype '{fmt.name}' would need "
-                             "another GGUF file")
+        raise PlacementError(
+            f"{spec.source} holds {tensors.file_type} weights; dtype '{fmt.name}' would need "
+            "another GGUF file"
+        )
     average = sum(tensors.layer_bytes) / spec.num_layers
     geometric = spec.geometric_layer_params
     share = spec.experts_per_tok / spec.num_experts if spec.is_moe else 1.0
-    return WeightBytes(fmt, tensors.layer_bytes, average * spec.attn_kv_params / geometric,
-                       average * spec.expert_params / geometric, share, tensors.embed_bytes,
-                       tensors.output_bytes, tensors.projector_bytes)
+    return WeightBytes(
+        fmt,
+        tensors.layer_bytes,
+        average * spec.attn_kv_params / geometric,
+        average * spec.expert_params / geometric,
+        share,
+        tensors.embed_bytes,
+        tensors.output_bytes,
+        tensors.projector_bytes,
+    )

@@ -54,11 +54,19 @@ def free_port() -> int:
 
 def start_stack(port: int) -> subprocess.Popen:
     output = open(RUN_OUTPUT, "w")  # noqa: SIM115 - lives as long as the stack
-    return subprocess.Popen(["./run.sh", "--port", str(port)], cwd=REPO, stdout=output, stderr=subprocess.STDOUT,
-                            start_new_session=True, env={**os.environ, "PIP_NO_CACHE_DIR": "1"})
+    return subprocess.Popen(
+        ["./run.sh", "--port", str(port)],
+        cwd=REPO,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "PIP_NO_CACHE_DIR": "1"},
+    )
 
 
-def wait_until(component: str, what: str, check: Callable[[], bool], deadline: float, stack: subprocess.Popen) -> None:
+def wait_until(
+    component: str, what: str, check: Callable[[], bool], deadline: float, stack: subprocess.Popen
+) -> None:
     while time.monotonic() < deadline:
         if stack.poll() is not None:
             raise SmokeFailure(component, f"./run.sh exited with {stack.returncode} before {what}")
@@ -79,8 +87,15 @@ def login_page_answers(port: int) -> bool:
 
 def venv_run(*args: str, timeout: float = 60) -> str:
     env = {**os.environ, **redis_env()}
-    return subprocess.run([str(REPO / ".venv" / "bin" / "python"), *args], cwd=REPO, env=env, timeout=timeout,
-                          capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        [str(REPO / ".venv" / "bin" / "python"), *args],
+        cwd=REPO,
+        env=env,
+        timeout=timeout,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
 
 def redis_env() -> dict[str, str]:
@@ -98,9 +113,15 @@ def worker_answers_ping() -> bool:
 def periodic_tasks_run() -> int:
     """Runs of beat-only tasks the worker has executed (django-celery-beat writes its own counts only every
     few minutes, so the worker's statistics are the prompt evidence that beat is sending)."""
-    stats = json.loads(venv_run("-m", "celery", "-A", "layercake", "inspect", "stats", "--json", "--timeout", "5"))
-    return sum(count for worker in stats.values() for name, count in worker.get("total", {}).items()
-               if name.endswith((".evaluate_fleet", ".announce_silent_nodes")))
+    stats = json.loads(
+        venv_run("-m", "celery", "-A", "layercake", "inspect", "stats", "--json", "--timeout", "5")
+    )
+    return sum(
+        count
+        for worker in stats.values()
+        for name, count in worker.get("total", {}).items()
+        if name.endswith((".evaluate_fleet", ".announce_silent_nodes"))
+    )
 
 
 def stack_state() -> dict:
@@ -111,10 +132,20 @@ def run_checks(port: int, stack: subprocess.Popen, deadline: float) -> None:
     wait_until("uvicorn", "login page answers 200", lambda: login_page_answers(port), deadline, stack)
     wait_until("celery-worker", "answers a ping", worker_answers_ping, deadline, stack)
     wait_until("celery-beat", "ran a periodic task", lambda: periodic_tasks_run() > 0, deadline, stack)
-    wait_until("agents", f"{DEMO_NODES} demo nodes online", lambda: len(stack_state()["online"]) == DEMO_NODES,
-               deadline, stack)
-    wait_until("deploy-demo", "demo deployment Ready",
-               lambda: "ready" in stack_state()["deployments"].values(), deadline, stack)
+    wait_until(
+        "agents",
+        f"{DEMO_NODES} demo nodes online",
+        lambda: len(stack_state()["online"]) == DEMO_NODES,
+        deadline,
+        stack,
+    )
+    wait_until(
+        "deploy-demo",
+        "demo deployment Ready",
+        lambda: "ready" in stack_state()["deployments"].values(),
+        deadline,
+        stack,
+    )
 
 
 def stop_stack(stack: subprocess.Popen) -> None:
@@ -185,7 +216,9 @@ def print_log_tails(component: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--timeout", type=float, default=900, help="seconds for install, start and every check")
+    parser.add_argument(
+        "--timeout", type=float, default=900, help="seconds for install, start and every check"
+    )
     args = parser.parse_args()
     port, started = free_port(), time.monotonic()
     stack = start_stack(port)

@@ -36,20 +36,45 @@ async def close_the_consumers_connection():
 
 def hello(boot="boot-0001", gpus=2):
     return {
-        "type": "hello", "v": 1, "agent_version": "test", "hostname": "a30-seed", "boot_id": boot,
-        "interval_s": 1.0, "gpu_source": "sim", "simulated": True,
-        "gpus": [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA A30", "memory_total_mib": 24576}
-                 for i in range(gpus)],
-        "topology": {"gpus": [{"name": "GPU0"}, {"name": "GPU1"}],
-                     "links": [{"a": "GPU0", "b": "GPU1", "link": "SYS"}],
-                     "p2p": {"r": [{"a": "GPU0", "b": "GPU1", "link": "NS"}]}},
+        "type": "hello",
+        "v": 1,
+        "agent_version": "test",
+        "hostname": "a30-seed",
+        "boot_id": boot,
+        "interval_s": 1.0,
+        "gpu_source": "sim",
+        "simulated": True,
+        "gpus": [
+            {"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA A30", "memory_total_mib": 24576}
+            for i in range(gpus)
+        ],
+        "topology": {
+            "gpus": [{"name": "GPU0"}, {"name": "GPU1"}],
+            "links": [{"a": "GPU0", "b": "GPU1", "link": "SYS"}],
+            "p2p": {"r": [{"a": "GPU0", "b": "GPU1", "link": "NS"}]},
+        },
     }
 
 
 def samples(seq, gpus=2):
-    return {"type": "samples", "v": 1, "seq": seq, "t": T0 + seq,
-            "gpus": [{"index": i, "util_gpu": 10, "util_mem": 5, "mem_used_mib": 100, "mem_free_mib": 24000,
-                      "temp_c": 35, "power_w": 60} for i in range(gpus)]}
+    return {
+        "type": "samples",
+        "v": 1,
+        "seq": seq,
+        "t": T0 + seq,
+        "gpus": [
+            {
+                "index": i,
+                "util_gpu": 10,
+                "util_mem": 5,
+                "mem_used_mib": 100,
+                "mem_free_mib": 24000,
+                "temp_c": 35,
+                "power_w": 60,
+            }
+            for i in range(gpus)
+        ],
+    }
 
 
 def logs(seq, lines=("INFO ready",), source="agent"):

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs a loop in the test thread
+os.environ.setdefault(
+    "DJANGO_ALLOW_ASYNC_UNSAFE", "true"
+)  # Playwright's sync API runs a loop in the test thread
 from django.db import connection
 
 from dashboard import roles, stack
@@ -126,9 +128,17 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        instance = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"])
+        instance = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
         yield instance
         instance.close()
 
@@ -141,7 +151,7 @@ def operator(live_stack, alice):
     """Alice logged in through the real login form, as an httpx client of the live server."""
     import httpx
 
-    from tests.e2e import login
+    from tests.harness import login
 
     with httpx.Client(base_url=live_stack.url, timeout=30) as client:
         login(client, "alice", "alice-pw-123")

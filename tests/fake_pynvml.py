@@ -247,7 +247,9 @@ class FakeNvml:
     def nvmlDeviceGetPciInfo(self, handle: FakeHandle) -> types.SimpleNamespace:
         return types.SimpleNamespace(busId=self._gpu(handle).bus_id)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle, version: int | None = None) -> types.SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(
+        self, handle: FakeHandle, version: int | None = None
+    ) -> types.SimpleNamespace:
         gpu = self._gpu(handle)
         total, used = gpu.memory_total_mib * 2**20, gpu.memory_used_mib * 2**20
         return types.SimpleNamespace(total=total, used=used, free=total - used)
@@ -289,7 +291,9 @@ class FakeNvml:
         return gpu.ecc_corrected if error_type == NVML_MEMORY_ERROR_TYPE_CORRECTED else gpu.ecc_uncorrected
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeHandle) -> list[types.SimpleNamespace]:
-        return [types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used, _ in self._gpu(handle).processes]
+        return [
+            types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used, _ in self._gpu(handle).processes
+        ]
 
     # --- events ----------------------------------------------------------------------------------
 
@@ -322,7 +326,9 @@ class FakeNvml:
         pair = (min(first._index, second._index), max(first._index, second._index))
         return self.ancestors.get(pair, self.default_ancestor)
 
-    def nvmlDeviceGetFieldValues(self, handle: FakeHandle, field_ids: list[Any]) -> list[types.SimpleNamespace]:
+    def nvmlDeviceGetFieldValues(
+        self, handle: FakeHandle, field_ids: list[Any]
+    ) -> list[types.SimpleNamespace]:
         if not self.link_count_field:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         assert field_ids == [NVML_FI_DEV_NVLINK_LINK_COUNT]

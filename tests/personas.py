@@ -15,9 +15,18 @@ from dashboard.models import Node
 
 def hello_for(name: str, spec: str) -> protocol.Hello:
     source = SimSource(spec)
-    return protocol.Hello(type="hello", v=1, agent_version="test", hostname=name, boot_id="boot-" + name,
-                          interval_s=1.0, gpu_source="sim", simulated=True, gpus=source.inventory(),
-                          topology=source.topology())
+    return protocol.Hello(
+        type="hello",
+        v=1,
+        agent_version="test",
+        hostname=name,
+        boot_id="boot-" + name,
+        interval_s=1.0,
+        gpu_source="sim",
+        simulated=True,
+        gpus=source.inventory(),
+        topology=source.topology(),
+    )
 
 
 def sim_node(name: str, spec: str) -> Node:
@@ -35,8 +44,9 @@ def seed_server() -> Node:
 
 def person(username: str, role: str, password: str = "", email: str = "") -> AbstractBaseUser:
     """A login in one role (viewer, operator or admin); `password` defaults to USERNAME-pw-123."""
-    user = get_user_model().objects.create_user(username, email or f"{username}@example.com",
-                                                password or f"{username}-pw-123")
+    user = get_user_model().objects.create_user(
+        username, email or f"{username}@example.com", password or f"{username}-pw-123"
+    )
     roles.assign_role(user, role)
     return user
 

@@ -39,7 +39,9 @@ class Inbox:
         deadline = time.monotonic() + timeout
         while len(self.messages) < count and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(self.messages) >= count, f"{len(self.messages)} mails arrived, expected {count}: {self.subjects()}"
+        assert len(self.messages) >= count, (
+            f"{len(self.messages)} mails arrived, expected {count}: {self.subjects()}"
+        )
         return self.messages
 
 

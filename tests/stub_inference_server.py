@@ -36,10 +36,12 @@ class Counters:
 
     def exposition(self) -> str:
         label = f'model_name="{self.model}"'
-        return (self.fixture.rstrip("\n") + "\n"
-                f"# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{{{label}}} {self.tokens}\n"
-                f"# TYPE vllm:request_success_total counter\n"
-                f'vllm:request_success_total{{finished_reason="stop",{label}}} {self.finished}\n')
+        return (
+            self.fixture.rstrip("\n") + "\n"
+            f"# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{{{label}}} {self.tokens}\n"
+            f"# TYPE vllm:request_success_total counter\n"
+            f'vllm:request_success_total{{finished_reason="stop",{label}}} {self.finished}\n'
+        )
 
 
 def handler(counters: Counters) -> type[BaseHTTPRequestHandler]:
@@ -80,8 +82,12 @@ def load(seconds: float) -> None:
         time.sleep(seconds / SHARDS if done else 0)
         # tqdm's way: redraw the bar with a carriage return, newline only at the end
         end = "\n" if done == SHARDS else ""
-        print(f"\rLoading safetensors checkpoint shards: {100 * done // SHARDS:3d}% Completed | {done}/{SHARDS} "
-              f"[00:00<00:00, 1.00it/s]", end=end, flush=True)
+        print(
+            f"\rLoading safetensors checkpoint shards: {100 * done // SHARDS:3d}% Completed | {done}/{SHARDS} "
+            f"[00:00<00:00, 1.00it/s]",
+            end=end,
+            flush=True,
+        )
 
 
 def spam(per_second: int) -> None:

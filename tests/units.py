@@ -28,7 +28,9 @@ class Unit:
 
     def environment(self) -> dict[str, str]:
         """The unit's Environment= assignments (space-separated, each may be quoted)."""
-        return dict(item.split("=", 1) for line in self.service.get("Environment", []) for item in shlex.split(line))
+        return dict(
+            item.split("=", 1) for line in self.service.get("Environment", []) for item in shlex.split(line)
+        )
 
     def argv(self, env: dict[str, str]) -> list[str]:
         """ExecStart as systemd runs it: ${VAR} from env (one word), %% -> %; the venv's python is this one."""
@@ -69,19 +71,43 @@ def write_env_file(path: Path, env: dict[str, str]) -> Path:
 def _expand(word: str, env: dict[str, str], unit: str) -> str:
     def variable(match: re.Match) -> str:
         name = match.group(1)
-        assert name in env, f"{unit}: ExecStart uses ${{{name}}}, which neither the unit nor the env file sets"
+        assert name in env, (
+            f"{unit}: ExecStart uses ${{{name}}}, which neither the unit nor the env file sets"
+        )
         return env[name]
 
-    assert "%" not in word.replace("%%", ""), f"{unit}: a systemd specifier in {word!r} (this reader knows only %%)"
+    assert "%" not in word.replace("%%", ""), (
+        f"{unit}: a systemd specifier in {word!r} (this reader knows only %%)"
+    )
     return re.sub(r"\$\{(\w+)\}", variable, word).replace("%%", "%")
 
 
 def self_signed_cert(directory: Path) -> tuple[Path, Path]:
     """A certificate for 127.0.0.1 (and the example name), and its key."""
     cert, key = directory / "cert.pem", directory / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                    "/CN=layercake.example.com", "-addext", "subjectAltName=IP:127.0.0.1,DNS:layercake.example.com",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=layercake.example.com",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:layercake.example.com",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     return cert, key
 
 
@@ -90,16 +116,21 @@ def nginx_config(directory: Path, ports: dict[str, int]) -> Path:
     (http, https, and upstream, the web unit's WEB_PORT) on 127.0.0.1 instead of 80, 443 and 8000."""
     cert, key = self_signed_cert(directory)
     site = (DEPLOY / "nginx-layercake.conf").read_text()
-    for old, new in [("/etc/letsencrypt/live/layercake.example.com/fullchain.pem", str(cert)),
-                     ("/etc/letsencrypt/live/layercake.example.com/privkey.pem", str(key)),
-                     ("listen [::]:80;", ""), ("listen [::]:443 ssl;", ""),
-                     ("listen 80;", f"listen 127.0.0.1:{ports['http']};"),
-                     ("listen 443 ssl;", f"listen 127.0.0.1:{ports['https']} ssl;"),
-                     ("server 127.0.0.1:8000;", f"server 127.0.0.1:{ports['upstream']};")]:
+    for old, new in [
+        ("/etc/letsencrypt/live/layercake.example.com/fullchain.pem", str(cert)),
+        ("/etc/letsencrypt/live/layercake.example.com/privkey.pem", str(key)),
+        ("listen [::]:80;", ""),
+        ("listen [::]:443 ssl;", ""),
+        ("listen 80;", f"listen 127.0.0.1:{ports['http']};"),
+        ("listen 443 ssl;", f"listen 127.0.0.1:{ports['https']} ssl;"),
+        ("server 127.0.0.1:8000;", f"server 127.0.0.1:{ports['upstream']};"),
+    ]:
         assert old in site, f"deploy/nginx-layercake.conf no longer has {old!r}"
         site = site.replace(old, new)
     (directory / "site.conf").write_text(site)
     conf = directory / "nginx.conf"
-    conf.write_text(f"pid {directory}/nginx.pid;\nerror_log stderr;\nevents {{}}\n"
-                    f"http {{ access_log off; include {directory}/site.conf; }}\n")
+    conf.write_text(
+        f"pid {directory}/nginx.pid;\nerror_log stderr;\nevents {{}}\n"
+        f"http {{ access_log off; include {directory}/site.conf; }}\n"
+    )
     return conf

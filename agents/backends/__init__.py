@@ -11,8 +11,14 @@ from agents.backends.vllm import VllmAdapter
 
 ADAPTERS: dict[str, Adapter] = {
     adapter.name: adapter
-    for adapter in (VllmAdapter(), SglangAdapter(), LlamaCppAdapter(), OllamaAdapter(), LlamaCppPythonAdapter(),
-                    SimulatedAdapter())
+    for adapter in (
+        VllmAdapter(),
+        SglangAdapter(),
+        LlamaCppAdapter(),
+        OllamaAdapter(),
+        LlamaCppPythonAdapter(),
+        SimulatedAdapter(),
+    )
 }
 
 __all__ = ["ADAPTERS", "LOOPBACK", "Adapter", "LaunchRefused", "admit"]

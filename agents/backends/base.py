@@ -22,7 +22,9 @@ from agents.protocol import Launch, LaunchOptions, ServerCounters
 LOOPBACK = "127.0.0.1"
 # A model name for backends that take names (Ollama tags, the simulated backend): path-like segments
 # that each start with a letter or digit, so a name can never be read as a flag, "..", or an absolute path.
-MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)*(:[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
+MODEL_NAME = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)*(:[A-Za-z0-9][A-Za-z0-9_.-]*)?$"
+)
 MAX_MODEL_NAME = 200
 
 
@@ -54,20 +56,26 @@ class Adapter(ABC):
             return sys.executable
         found = shutil.which(self.executable_name)
         if found is None:
-            raise LaunchRefused(f"{self.name}: executable {self.executable_name!r} is not installed on this "
-                                f"node (not found on the agent's PATH)")
+            raise LaunchRefused(
+                f"{self.name}: executable {self.executable_name!r} is not installed on this "
+                f"node (not found on the agent's PATH)"
+            )
         return found
 
     def check(self, launch: Launch) -> None:
         """Backend-specific layout checks; raise LaunchRefused."""
         o = launch.options
         if o.nnodes > 1 and not self.multi_node:
-            raise LaunchRefused(f"{self.name}: this agent cannot launch {self.name} across nodes (nnodes {o.nnodes}); "
-                                f"only vLLM, SGLang and the simulated backend run one launch per node")
+            raise LaunchRefused(
+                f"{self.name}: this agent cannot launch {self.name} across nodes (nnodes {o.nnodes}); "
+                f"only vLLM, SGLang and the simulated backend run one launch per node"
+            )
         if self.needs_gpu_per_rank and o.tp * o.pp != o.nnodes * len(launch.gpus):
             nodes = f" on each of {o.nnodes} nodes" if o.nnodes > 1 else ""
-            raise LaunchRefused(f"{self.name}: tp {o.tp} x pp {o.pp} = {o.tp * o.pp} ranks, but the launch names "
-                                f"{len(launch.gpus)} GPUs {launch.gpus}{nodes}; each rank needs exactly one GPU")
+            raise LaunchRefused(
+                f"{self.name}: tp {o.tp} x pp {o.pp} = {o.tp * o.pp} ranks, but the launch names "
+                f"{len(launch.gpus)} GPUs {launch.gpus}{nodes}; each rank needs exactly one GPU"
+            )
 
     def serves_api(self, launch: Launch) -> bool:
         """Only the head of a multi-node launch answers HTTP; the other nodes run ranks and nothing else."""
@@ -117,8 +125,20 @@ class RankedServerAdapter(Adapter):
     def argv(self, launch: Launch, port: int, host: str = LOOPBACK) -> list[str]:
         o = launch.options
         tp_flag, pp_flag = self.parallel_flags
-        argv = [self.executable(), *self.command, launch.model, "--host", host, "--port", str(port),
-                tp_flag, str(o.tp), pp_flag, str(o.pp), *self.always]
+        argv = [
+            self.executable(),
+            *self.command,
+            launch.model,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            tp_flag,
+            str(o.tp),
+            pp_flag,
+            str(o.pp),
+            *self.always,
+        ]
         argv += valued_options({flag: getattr(o, field) for field, flag in self.valued_flags.items()})
         argv += flag_options({flag: getattr(o, field) for field, flag in self.switch_flags.items()})
         return argv + self.node_flags(launch)
@@ -141,8 +161,10 @@ def require_module(backend: str, module: str) -> None:
     except ModuleNotFoundError:  # a parent package (agents.sim) is missing
         found = False
     if not found:
-        raise LaunchRefused(f"{backend}: module {module!r} is not installed on this node; it ships in "
-                            f"layercake-agent-sim (demos and tests, not GPU nodes)")
+        raise LaunchRefused(
+            f"{backend}: module {module!r} is not installed on this node; it ships in "
+            f"layercake-agent-sim (demos and tests, not GPU nodes)"
+        )
 
 
 def gpu_env(gpus: list[int]) -> dict[str, str]:
@@ -165,29 +187,38 @@ def admit(adapter: Adapter, launch: Launch, model_dirs: list[Path]) -> Launch:
     """Check a launch against this node's rules; return it with `model` replaced by what argv may carry."""
     split = launch.options.tensor_split
     if split is not None and len(split) != len(launch.gpus):
-        raise LaunchRefused(f"tensor_split has {len(split)} entries {split} but the launch names "
-                            f"{len(launch.gpus)} GPUs {launch.gpus}; give one share per GPU")
+        raise LaunchRefused(
+            f"tensor_split has {len(split)} entries {split} but the launch names "
+            f"{len(launch.gpus)} GPUs {launch.gpus}; give one share per GPU"
+        )
     if len(set(launch.gpus)) != len(launch.gpus):
         raise LaunchRefused(f"GPU list {launch.gpus} names a GPU twice")
     adapter.check(launch)
-    model = resolve_model_path(launch.model, model_dirs, adapter) if adapter.model_is_path \
+    model = (
+        resolve_model_path(launch.model, model_dirs, adapter)
+        if adapter.model_is_path
         else check_model_name(launch.model, adapter.name)
+    )
     adapter.executable()
     return launch.model_copy(update={"model": model})
 
 
 def check_model_name(name: str, backend: str) -> str:
     if len(name) > MAX_MODEL_NAME or not MODEL_NAME.fullmatch(name) or ".." in name.split("/"):
-        raise LaunchRefused(f"{backend}: model name {name!r} is not a plain model name "
-                            f"(letters, digits, '._-', '/'-separated parts, optional ':tag')")
+        raise LaunchRefused(
+            f"{backend}: model name {name!r} is not a plain model name "
+            f"(letters, digits, '._-', '/'-separated parts, optional ':tag')"
+        )
     return name
 
 
 def resolve_model_path(model: str, model_dirs: list[Path], adapter: Adapter) -> str:
     """The model's real path (symlinks followed) if it lies under one of the configured model directories."""
     if not model_dirs:
-        raise LaunchRefused(f"{adapter.name}: this agent has no model directories configured, so it serves no "
-                            f"model paths (start it with --model-dir DIR)")
+        raise LaunchRefused(
+            f"{adapter.name}: this agent has no model directories configured, so it serves no "
+            f"model paths (start it with --model-dir DIR)"
+        )
     roots = [d.resolve() for d in model_dirs]
     candidates = [Path(model)] if Path(model).is_absolute() else [root / model for root in roots]
     for candidate in candidates:
@@ -197,15 +228,20 @@ def resolve_model_path(model: str, model_dirs: list[Path], adapter: Adapter) -> 
     inside = [c for c in candidates if any(c.resolve().is_relative_to(r) for r in roots)]
     where = ", ".join(str(r) for r in roots)
     if not inside:
-        raise LaunchRefused(f"{adapter.name}: model path {model!r} resolves to {candidates[0].resolve()}, which is "
-                            f"outside the allowed model directories ({where})")
-    raise LaunchRefused(f"{adapter.name}: model path {model!r} does not exist under the allowed model "
-                        f"directories ({where})")
+        raise LaunchRefused(
+            f"{adapter.name}: model path {model!r} resolves to {candidates[0].resolve()}, which is "
+            f"outside the allowed model directories ({where})"
+        )
+    raise LaunchRefused(
+        f"{adapter.name}: model path {model!r} does not exist under the allowed model directories ({where})"
+    )
 
 
 def _check_kind(real: Path, model: str, adapter: Adapter) -> Path:
     if adapter.model_must_be_file and not real.is_file():
-        raise LaunchRefused(f"{adapter.name}: model {model!r} must be a model file (e.g. .gguf), not a directory")
+        raise LaunchRefused(
+            f"{adapter.name}: model {model!r} must be a model file (e.g. .gguf), not a directory"
+        )
     return real
 
 

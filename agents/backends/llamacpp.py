@@ -26,8 +26,14 @@ class LlamaCppAdapter(Adapter):
             if o.tensor_split is not None:
                 argv += ["--tensor-split", ",".join(number(share) for share in o.tensor_split)]
         argv += ["--n-gpu-layers", gpu_layers(launch)]
-        argv += valued_options({"--ctx-size": o.max_model_len, "--parallel": o.parallel, "--threads": o.threads,
-                                "--alias": o.served_model_name})
+        argv += valued_options(
+            {
+                "--ctx-size": o.max_model_len,
+                "--parallel": o.parallel,
+                "--threads": o.threads,
+                "--alias": o.served_model_name,
+            }
+        )
         return argv
 
     def loading_progress(self, line: str) -> float | None:
@@ -54,11 +60,23 @@ class LlamaCppPythonAdapter(Adapter):
     def argv(self, launch: Launch, port: int, host: str = LOOPBACK) -> list[str]:
         o = launch.options
         layers = gpu_layers(launch)
-        argv = [self.executable(), "-m", self.module, "--model", launch.model,
-                "--host", host, "--port", str(port), "--n_gpu_layers", "-1" if layers == ALL_LAYERS else layers,
-                "--verbose"]  # llama.cpp's own loading lines, for the log view and the log scanner
-        return argv + valued_options({"--n_ctx": o.max_model_len, "--n_threads": o.threads,
-                                      "--served_model_name": o.served_model_name})
+        argv = [
+            self.executable(),
+            "-m",
+            self.module,
+            "--model",
+            launch.model,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--n_gpu_layers",
+            "-1" if layers == ALL_LAYERS else layers,
+            "--verbose",
+        ]  # llama.cpp's own loading lines, for the log view and the log scanner
+        return argv + valued_options(
+            {"--n_ctx": o.max_model_len, "--n_threads": o.threads, "--served_model_name": o.served_model_name}
+        )
 
     def env(self, launch: Launch, port: int, host: str = LOOPBACK) -> dict[str, str]:
         return {**super().env(launch, port, host), "PYTHONPATH": agent_pythonpath()}

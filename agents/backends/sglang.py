@@ -14,11 +14,17 @@ class SglangAdapter(RankedServerAdapter):
     parallel_flags = ("--tp-size", "--pp-size")
     always = ("--enable-metrics",)
     valued_flags = {
-        "max_model_len": "--context-length", "gpu_memory_utilization": "--mem-fraction-static",
-        "kv_cache_dtype": "--kv-cache-dtype", "dtype": "--dtype", "served_model_name": "--served-model-name",
+        "max_model_len": "--context-length",
+        "gpu_memory_utilization": "--mem-fraction-static",
+        "kv_cache_dtype": "--kv-cache-dtype",
+        "dtype": "--dtype",
+        "served_model_name": "--served-model-name",
     }
     # SGLang's counterpart of vLLM's --enforce-eager is turning CUDA graphs off.
-    switch_flags = {"disable_custom_all_reduce": "--disable-custom-all-reduce", "enforce_eager": "--disable-cuda-graph"}
+    switch_flags = {
+        "disable_custom_all_reduce": "--disable-custom-all-reduce",
+        "enforce_eager": "--disable-cuda-graph",
+    }
 
     def rendezvous_flags(self, options: LaunchOptions) -> list[str]:
         return ["--dist-init-addr", f"{options.master_addr}:{options.master_port}"]

@@ -13,10 +13,16 @@ class VllmAdapter(RankedServerAdapter):
     command = ("serve",)
     parallel_flags = ("--tensor-parallel-size", "--pipeline-parallel-size")
     valued_flags = {
-        "max_model_len": "--max-model-len", "gpu_memory_utilization": "--gpu-memory-utilization",
-        "kv_cache_dtype": "--kv-cache-dtype", "dtype": "--dtype", "served_model_name": "--served-model-name",
+        "max_model_len": "--max-model-len",
+        "gpu_memory_utilization": "--gpu-memory-utilization",
+        "kv_cache_dtype": "--kv-cache-dtype",
+        "dtype": "--dtype",
+        "served_model_name": "--served-model-name",
     }
-    switch_flags = {"disable_custom_all_reduce": "--disable-custom-all-reduce", "enforce_eager": "--enforce-eager"}
+    switch_flags = {
+        "disable_custom_all_reduce": "--disable-custom-all-reduce",
+        "enforce_eager": "--enforce-eager",
+    }
 
     def rendezvous_flags(self, options: LaunchOptions) -> list[str]:
         """vLLM's multiprocessing multi-node mode: every node runs `vllm serve`, the others --headless."""

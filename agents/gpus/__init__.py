@@ -26,8 +26,10 @@ def sim_source_class() -> type[GpuSource]:
     except ModuleNotFoundError as exc:
         if exc.name not in ("agents.sim", SIM_MODULE):
             raise
-        raise GpuSourceError("--gpu-source sim:... needs the simulation, which is not installed here "
-                             "(pip install layercake-agent-sim; a GPU node uses --gpu-source nvml)") from None
+        raise GpuSourceError(
+            "--gpu-source sim:... needs the simulation, which is not installed here "
+            "(pip install layercake-agent-sim; a GPU node uses --gpu-source nvml)"
+        ) from None
     return module.SimSource
 
 

@@ -55,14 +55,18 @@ class NvmlSource(GpuSource):
     def __init__(self) -> None:
         self._nvml = _import_pynvml()
         self._unsupported = tuple(
-            getattr(self._nvml, f"NVMLError_{name}") for name in OPTIONAL_ERRORS if hasattr(self._nvml, f"NVMLError_{name}")
+            getattr(self._nvml, f"NVMLError_{name}")
+            for name in OPTIONAL_ERRORS
+            if hasattr(self._nvml, f"NVMLError_{name}")
         )
         self._warned: set[tuple[int, str]] = set()
         _start_nvml(self._nvml)
         try:
             self._handles = self._device_handles()
-            self._bus_ids = [_text(self._call(i, "PCI info", self._nvml.nvmlDeviceGetPciInfo, h).busId)
-                             for i, h in enumerate(self._handles)]
+            self._bus_ids = [
+                _text(self._call(i, "PCI info", self._nvml.nvmlDeviceGetPciInfo, h).busId)
+                for i, h in enumerate(self._handles)
+            ]
         except GpuSourceError:
             self._optional(self._nvml.nvmlShutdown)
             raise
@@ -170,7 +174,9 @@ class NvmlSource(GpuSource):
         nvml = self._nvml
         util = self._required(index, "utilization", nvml.nvmlDeviceGetUtilizationRates, handle)
         memory = self._memory(index, handle)
-        temp = self._required(index, "temperature", nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)
+        temp = self._required(
+            index, "temperature", nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU
+        )
         power_mw = self._required(index, "power draw", nvml.nvmlDeviceGetPowerUsage, handle)
         return GpuReading(
             index=index,
@@ -193,22 +199,33 @@ class NvmlSource(GpuSource):
     def _memory(self, index: int, handle: Any) -> Any:
         """v2 when the driver has it: its `used` excludes driver-reserved memory, as nvidia-smi shows."""
         version = getattr(self._nvml, "nvmlMemory_v2", None)
-        memory = None if version is None else self._optional(self._nvml.nvmlDeviceGetMemoryInfo, handle, version=version)
+        memory = (
+            None
+            if version is None
+            else self._optional(self._nvml.nvmlDeviceGetMemoryInfo, handle, version=version)
+        )
         return memory or self._call(index, "memory", self._nvml.nvmlDeviceGetMemoryInfo, handle)
 
     def _clock_event_reasons(self, handle: Any) -> int | None:
         # Renamed from ...ThrottleReasons in newer bindings; old ones only have the old name.
         nvml = self._nvml
-        reader = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        reader = (
+            getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
         return self._optional(reader, handle)
 
     def _ecc_errors(self, handle: Any, error_type: int) -> int | None:
-        return self._optional(self._nvml.nvmlDeviceGetTotalEccErrors, handle, error_type, self._nvml.NVML_VOLATILE_ECC)
+        return self._optional(
+            self._nvml.nvmlDeviceGetTotalEccErrors, handle, error_type, self._nvml.NVML_VOLATILE_ECC
+        )
 
     def _processes(self, handle: Any) -> list[GpuProcess]:
         running = self._optional(self._nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []
         return [
-            GpuProcess(pid=proc.pid, name=self._process_name(proc.pid), used_mib=(proc.usedGpuMemory or 0) / MIB)
+            GpuProcess(
+                pid=proc.pid, name=self._process_name(proc.pid), used_mib=(proc.usedGpuMemory or 0) / MIB
+            )
             for proc in running[:MAX_PROCESSES]
         ]
 
@@ -282,7 +299,10 @@ class NvmlSource(GpuSource):
         nvml = self._nvml
         if self._optional(nvml.nvmlDeviceGetNvLinkState, handle, link) != NVLINK_ACTIVE:
             return None
-        if self._optional(nvml.nvmlDeviceGetNvLinkRemoteDeviceType, handle, link) == nvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+        if (
+            self._optional(nvml.nvmlDeviceGetNvLinkRemoteDeviceType, handle, link)
+            == nvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+        ):
             return "switch"
         remote = self._optional(nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link)
         return None if remote is None else _bus_key(_text(remote.busId))
@@ -294,7 +314,9 @@ class NvmlSource(GpuSource):
             bonded = max(bonded, min(to_switch[i], to_switch[j]))
         if bonded:
             return f"NV{bonded}"
-        level = self._optional(self._nvml.nvmlDeviceGetTopologyCommonAncestor, self._handles[i], self._handles[j])
+        level = self._optional(
+            self._nvml.nvmlDeviceGetTopologyCommonAncestor, self._handles[i], self._handles[j]
+        )
         return None if level is None else path_label(level)
 
     def _p2p_matrices(self, pairs: list[tuple[int, int]]) -> dict[str, list[TopoLink]]:
@@ -304,7 +326,9 @@ class NvmlSource(GpuSource):
     def _p2p_links(self, pairs: list[tuple[int, int]], p2p_index: int) -> list[TopoLink]:
         links = []
         for i, j in pairs:
-            status = self._optional(self._nvml.nvmlDeviceGetP2PStatus, self._handles[i], self._handles[j], p2p_index)
+            status = self._optional(
+                self._nvml.nvmlDeviceGetP2PStatus, self._handles[i], self._handles[j], p2p_index
+            )
             if status is not None:
                 links.append(_link(i, j, P2P_LABELS.get(status, P2P_UNKNOWN)))
         return links

@@ -69,9 +69,33 @@ VLLM_VERSION = "0.10.1"  # the vLLM whose log format and metric names are imitat
 FAULTS = ("none", "nccl-init-hang", "stall", "crash")
 RUNTIME_FAULTS = ("none", "stall")
 WORDS = (
-    "this", "text", "comes", "from", "a", "simulated", "inference", "backend", "that", "writes", "one",
-    "word", "per", "token", "at", "a", "fixed", "rate", "so", "that", "counts", "and", "rates", "are",
-    "easy", "to", "check",
+    "this",
+    "text",
+    "comes",
+    "from",
+    "a",
+    "simulated",
+    "inference",
+    "backend",
+    "that",
+    "writes",
+    "one",
+    "word",
+    "per",
+    "token",
+    "at",
+    "a",
+    "fixed",
+    "rate",
+    "so",
+    "that",
+    "counts",
+    "and",
+    "rates",
+    "are",
+    "easy",
+    "to",
+    "check",
 )
 TOKEN_RX = re.compile(r"\w+|[^\w\s]")
 BLOCK_TOKENS = 16  # vLLM's default KV-cache block size
@@ -79,17 +103,66 @@ SHARDS = 4
 MIN_SLEEP = 0.001  # above ~1000 tokens/s the engine does several steps per wake-up instead of spinning
 MAX_BODY = 1 << 20
 MAX_HEADERS = 100
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-               20.0, 40.0, 80.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 STEP_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 REASONS = ("stop", "length", "abort")
-STATUS_TEXT = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-               411: "Length Required", 413: "Payload Too Large", 500: "Internal Server Error"}
+STATUS_TEXT = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    411: "Length Required",
+    413: "Payload Too Large",
+    500: "Internal Server Error",
+}
 
 
 # ---- log lines ------------------------------------------------------------------------------------
+
 
 class VllmLog:
     """Writes lines in vLLM's format to stdout and, if given, a log file; flushed line by line."""
@@ -124,6 +197,7 @@ class VllmLog:
 
 # ---- metrics -------------------------------------------------------------------------------------
 
+
 class SimMetrics:
     """vLLM V1 metric names, counting exactly what the engine did."""
 
@@ -134,19 +208,37 @@ class SimMetrics:
         def make(kind, name: str, doc: str, **kw):
             return kind(name, doc, list(labels), registry=self.registry, **kw).labels(**labels)
 
-        self.running = make(Gauge, "vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.running = make(
+            Gauge, "vllm:num_requests_running", "Number of requests in model execution batches."
+        )
         self.waiting = make(Gauge, "vllm:num_requests_waiting", "Number of requests waiting to be processed.")
         self.kv = make(Gauge, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
         self.prompt = make(Counter, "vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation = make(Counter, "vllm:generation_tokens", "Number of generation tokens processed.")
-        self.ttft = make(Histogram, "vllm:time_to_first_token_seconds", "Histogram of time to first token in "
-                         "seconds.", buckets=TTFT_BUCKETS)
-        self.itl = make(Histogram, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in "
-                        "seconds.", buckets=ITL_BUCKETS)
-        self.steps = make(Histogram, "vllm:iteration_tokens_total", "Histogram of number of tokens per engine "
-                          "step.", buckets=STEP_BUCKETS)
-        success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                          [*labels, "finished_reason"], registry=self.registry)
+        self.ttft = make(
+            Histogram,
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            buckets=TTFT_BUCKETS,
+        )
+        self.itl = make(
+            Histogram,
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            buckets=ITL_BUCKETS,
+        )
+        self.steps = make(
+            Histogram,
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine step.",
+            buckets=STEP_BUCKETS,
+        )
+        success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*labels, "finished_reason"],
+            registry=self.registry,
+        )
         self.success = {reason: success.labels(**labels, finished_reason=reason) for reason in REASONS}
 
     def exposition(self, running: int, waiting: int, kv: float) -> bytes:
@@ -157,6 +249,7 @@ class SimMetrics:
 
 
 # ---- engine --------------------------------------------------------------------------------------
+
 
 @dataclass(eq=False)
 class SimRequest:
@@ -274,6 +367,7 @@ def count_tokens(text: str) -> int:
 
 # ---- HTTP ----------------------------------------------------------------------------------------
 
+
 class HttpError(Exception):
     def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
         super().__init__(message)
@@ -362,7 +456,9 @@ class Conn:
         await self.send_json(err.status, body)
 
     async def start_stream(self) -> None:
-        self.writer.write(self._head(200, "text/event-stream; charset=utf-8", {"transfer-encoding": "chunked"}))
+        self.writer.write(
+            self._head(200, "text/event-stream; charset=utf-8", {"transfer-encoding": "chunked"})
+        )
         await self.writer.drain()
 
     async def events(self, payloads: list[str]) -> None:
@@ -377,8 +473,12 @@ class Conn:
     def _head(self, status: int, ctype: str, extra: dict[str, str]) -> bytes:
         self.status = status
         self._access_log(status)
-        lines = [f"HTTP/1.1 {status} {STATUS_TEXT.get(status, 'Error')}", f"content-type: {ctype}",
-                 "server: layercake-simbackend", f"connection: {'keep-alive' if self.keep_alive else 'close'}"]
+        lines = [
+            f"HTTP/1.1 {status} {STATUS_TEXT.get(status, 'Error')}",
+            f"content-type: {ctype}",
+            "server: layercake-simbackend",
+            f"connection: {'keep-alive' if self.keep_alive else 'close'}",
+        ]
         lines += [f"{k}: {v}" for k, v in extra.items()]
         return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
@@ -386,11 +486,14 @@ class Conn:
         if self.req is None or self.req.path == "/metrics":  # scraped every interval: would drown the log
             return
         peer = self.writer.get_extra_info("peername") or ("-", 0)
-        self.log.uvicorn(f'{peer[0]}:{peer[1]} - "{self.req.method} {self.req.target} {self.req.version}" '
-                         f"{status} {STATUS_TEXT.get(status, 'Error')}")
+        self.log.uvicorn(
+            f'{peer[0]}:{peer[1]} - "{self.req.method} {self.req.target} {self.req.version}" '
+            f"{status} {STATUS_TEXT.get(status, 'Error')}"
+        )
 
 
 # ---- OpenAI API ----------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Job:
@@ -451,19 +554,33 @@ def parse_job(body: dict, chat: bool, served: str, max_model_len: int) -> Job:
         raise HttpError(400, "the prompt is empty")
     max_tokens = requested or max_model_len - prompt
     if prompt + max_tokens > max_model_len:
-        raise HttpError(400, f"This model's maximum context length is {max_model_len} tokens. However, you "
-                        f"requested {prompt + max_tokens} tokens ({prompt} in the prompt, {max_tokens} in the "
-                        "completion). Please reduce the length of the prompt or completion.")
+        raise HttpError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {prompt + max_tokens} tokens ({prompt} in the prompt, {max_tokens} in the "
+            "completion). Please reduce the length of the prompt or completion.",
+        )
     options = body.get("stream_options") or {}
-    return Job(chat, prompt, max_tokens, body.get("stream") is True,
-               isinstance(options, dict) and options.get("include_usage") is True)
+    return Job(
+        chat,
+        prompt,
+        max_tokens,
+        body.get("stream") is True,
+        isinstance(options, dict) and options.get("include_usage") is True,
+    )
 
 
 class Api:
     """The routes; completions go through the engine."""
 
-    def __init__(self, opts: argparse.Namespace, engine: Engine, metrics: SimMetrics, log: VllmLog,
-                 fault_state: Callable[[str, str], None]) -> None:
+    def __init__(
+        self,
+        opts: argparse.Namespace,
+        engine: Engine,
+        metrics: SimMetrics,
+        log: VllmLog,
+        fault_state: Callable[[str, str], None],
+    ) -> None:
         self.opts, self.engine, self.metrics, self.log = opts, engine, metrics, log
         self.served = opts.served_model_name or opts.model
         self.set_fault = fault_state
@@ -483,7 +600,9 @@ class Api:
         handler = self.routes.get((req.method, req.path))
         if handler is None:
             allowed = any(path == req.path for _, path in self.routes)
-            raise HttpError(405 if allowed else 404, f"{req.method} {req.path} is not served here", "NotFound")
+            raise HttpError(
+                405 if allowed else 404, f"{req.method} {req.path} is not served here", "NotFound"
+            )
         await handler(req, conn)
 
     async def health(self, req: HttpRequest, conn: Conn) -> None:
@@ -493,8 +612,15 @@ class Api:
         await conn.send_json(200, {"version": f"{VLLM_VERSION}+simulated", "simulated": True})
 
     async def models(self, req: HttpRequest, conn: Conn) -> None:
-        card = {"id": self.served, "object": "model", "created": self.created, "owned_by": OWNED_BY,
-                "root": self.opts.model, "parent": None, "max_model_len": self.opts.max_model_len}
+        card = {
+            "id": self.served,
+            "object": "model",
+            "created": self.created,
+            "owned_by": OWNED_BY,
+            "root": self.opts.model,
+            "parent": None,
+            "max_model_len": self.opts.max_model_len,
+        }
         await conn.send_json(200, {"object": "list", "data": [card]})
 
     async def prometheus(self, req: HttpRequest, conn: Conn) -> None:
@@ -508,7 +634,9 @@ class Api:
     async def post_fault(self, req: HttpRequest, conn: Conn) -> None:
         fault = req.json().get("fault")
         if fault not in RUNTIME_FAULTS:
-            raise HttpError(400, f"fault must be one of {', '.join(RUNTIME_FAULTS)} at run time, got {fault!r}")
+            raise HttpError(
+                400, f"fault must be one of {', '.join(RUNTIME_FAULTS)} at run time, got {fault!r}"
+            )
         self.set_fault(fault, "POST /sim/fault")
         self.engine.set_stalled(fault == "stall")
         await self.get_fault(req, conn)
@@ -521,7 +649,9 @@ class Api:
 
     async def _complete(self, req: HttpRequest, conn: Conn, chat: bool) -> None:
         job = parse_job(req.json(), chat, self.served, self.opts.max_model_len)
-        sim = SimRequest(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", job.prompt_tokens, job.max_tokens)
+        sim = SimRequest(
+            f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", job.prompt_tokens, job.max_tokens
+        )
         self.engine.submit(sim)
         try:
             await (self._stream(job, sim, conn) if job.stream else self._whole(job, sim, conn))
@@ -533,8 +663,11 @@ class Api:
         while (index := await sim.out.get()) is not None:
             pieces.append(token_text(index, job.chat))
         text = "".join(pieces)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if job.chat
-                  else {"index": 0, "text": text})
+        choice = (
+            {"index": 0, "message": {"role": "assistant", "content": text}}
+            if job.chat
+            else {"index": 0, "text": text}
+        )
         choice.update({"logprobs": None, "finish_reason": sim.finish_reason, "stop_reason": None})
         body = self._envelope(job, sim, "chat.completion" if job.chat else "text_completion", [choice])
         body["usage"] = self._usage(sim)
@@ -579,16 +712,26 @@ class Api:
         return "chat.completion.chunk" if job.chat else "text_completion"
 
     def _envelope(self, job: Job, sim: SimRequest, obj: str, choices: list) -> dict:
-        return {"id": sim.rid, "object": obj, "created": int(time.time()), "model": self.served,
-                "system_fingerprint": FINGERPRINT, "choices": choices}
+        return {
+            "id": sim.rid,
+            "object": obj,
+            "created": int(time.time()),
+            "model": self.served,
+            "system_fingerprint": FINGERPRINT,
+            "choices": choices,
+        }
 
     @staticmethod
     def _usage(sim: SimRequest) -> dict:
-        return {"prompt_tokens": sim.prompt_tokens, "completion_tokens": sim.generated,
-                "total_tokens": sim.prompt_tokens + sim.generated}
+        return {
+            "prompt_tokens": sim.prompt_tokens,
+            "completion_tokens": sim.generated,
+            "total_tokens": sim.prompt_tokens + sim.generated,
+        }
 
 
 # ---- the server process --------------------------------------------------------------------------
+
 
 class SimServer:
     def __init__(self, opts: argparse.Namespace) -> None:
@@ -600,8 +743,11 @@ class SimServer:
         self.api = Api(opts, self.engine, self.metrics, self.log, self._fault_note)
         self.exit_code = 0
         self._stop = asyncio.Event()
-        self.rendezvous = Rendezvous(opts.nnodes, opts.node_rank, opts.master_addr, opts.master_port) \
-            if opts.nnodes > 1 else None
+        self.rendezvous = (
+            Rendezvous(opts.nnodes, opts.node_rank, opts.master_addr, opts.master_port)
+            if opts.nnodes > 1
+            else None
+        )
 
     @property
     def world_size(self) -> int:
@@ -670,8 +816,11 @@ class SimServer:
 
     async def _serve_headless(self) -> None:
         """A non-head node: its ranks run layers for the head; it serves no API (vLLM's --headless)."""
-        self.log.engine("core.py:95", f"Node rank {self.opts.node_rank} of {self.opts.nnodes} is running headless: "
-                        f"serving the head at {self.rendezvous.endpoint}")
+        self.log.engine(
+            "core.py:95",
+            f"Node rank {self.opts.node_rank} of {self.opts.nnodes} is running headless: "
+            f"serving the head at {self.rendezvous.endpoint}",
+        )
         await self._watch_peers()
 
     async def _watch_peers(self) -> None:
@@ -686,7 +835,7 @@ class SimServer:
         o = self.opts
         self.log.api("api_server.py:1885", f"Starting vLLM API server 0 on http://{o.host}:{o.port}")
         self.log.api("launcher.py:29", "Available routes are:")
-        for (method, path) in self.api.routes:
+        for method, path in self.api.routes:
             self.log.api("launcher.py:37", f"Route: {path}, Methods: {method}")
         try:
             server = await asyncio.start_server(self._handle, o.host, o.port)
@@ -730,16 +879,28 @@ class SimServer:
 
     def _log_banner(self) -> None:
         o = self.opts
-        self.log.api("simbackend.py:1", f"SIMULATED inference backend (layercake agents.sim.backend): no model is "
-                     f"loaded and no GPU is used; it generates {o.tokens_per_s:g} tokens/s per request "
-                     f"(fault: {o.fault})", "WARNING")
+        self.log.api(
+            "simbackend.py:1",
+            f"SIMULATED inference backend (layercake agents.sim.backend): no model is "
+            f"loaded and no GPU is used; it generates {o.tokens_per_s:g} tokens/s per request "
+            f"(fault: {o.fault})",
+            "WARNING",
+        )
         self.log.api("api_server.py:1805", f"vLLM API server version {VLLM_VERSION} (simulated)")
-        args = {"model": o.model, "host": o.host, "port": o.port, "tensor_parallel_size": o.tp,
-                "max_model_len": o.max_model_len}
+        args = {
+            "model": o.model,
+            "host": o.host,
+            "port": o.port,
+            "tensor_parallel_size": o.tp,
+            "max_model_len": o.max_model_len,
+        }
         self.log.api("utils.py:326", f"non-default args: {args}")
-        self.log.engine("core.py:74", f"Initializing a V1 LLM engine (v{VLLM_VERSION}) with config: "
-                        f"model='{o.model}', served_model_name={self.api.served}, tensor_parallel_size={o.tp}, "
-                        f"max_seq_len={o.max_model_len}, device_config=simulated")
+        self.log.engine(
+            "core.py:74",
+            f"Initializing a V1 LLM engine (v{VLLM_VERSION}) with config: "
+            f"model='{o.model}', served_model_name={self.api.served}, tensor_parallel_size={o.tp}, "
+            f"max_seq_len={o.max_model_len}, device_config=simulated",
+        )
 
     @property
     def _ranks(self) -> range:
@@ -752,8 +913,12 @@ class SimServer:
         init = rendezvous.endpoint if rendezvous else "127.0.0.1:29500"  # torch.distributed's usual port
         for local, rank in enumerate(self._ranks):
             worker = f"VllmWorker rank={rank}"
-            self.log.line(worker, "parallel_state.py:1134", f"world_size={world} rank={rank} local_rank={local} "
-                          f"distributed_init_method=tcp://{init} backend=nccl")
+            self.log.line(
+                worker,
+                "parallel_state.py:1134",
+                f"world_size={world} rank={rank} local_rank={local} "
+                f"distributed_init_method=tcp://{init} backend=nccl",
+            )
             self.log.line(worker, "pynccl.py:70", "vLLM is using nccl==2.26.2")
         for rank in self._ranks:
             self.log.nccl(rank, "Bootstrap : Using lo:127.0.0.1<0>")
@@ -761,18 +926,27 @@ class SimServer:
         for rank in self._ranks:
             for channel in range(2):
                 via = "NET/Socket" if rendezvous and rank == self._ranks[-1] else "P2P/CUMEM"
-                self.log.nccl(rank, f"Channel {channel:02d}/0 : {rank}[{rank}] -> {(rank + 1) % world}"
-                              f"[{(rank + 1) % world}] via {via}")
+                self.log.nccl(
+                    rank,
+                    f"Channel {channel:02d}/0 : {rank}[{rank}] -> {(rank + 1) % world}"
+                    f"[{(rank + 1) % world}] via {via}",
+                )
 
     def _log_nccl_complete(self) -> None:
         tp = self.world_size
         for rank in self._ranks:
             self.log.nccl(rank, "Connected all rings")
             self.log.nccl(rank, "Connected all trees")
-            self.log.nccl(rank, "2 coll channels, 2 collnet channels, 0 nvls channels, 2 p2p channels, "
-                          "2 p2p channels per peer")
-            self.log.nccl(rank, f"comm 0x5151{rank:04x} rank {rank} nranks {tp} cudaDev {rank} nvmlDev {rank} "
-                          f"busId {rank + 1}000 commId 0x51ba11 - Init COMPLETE")
+            self.log.nccl(
+                rank,
+                "2 coll channels, 2 collnet channels, 0 nvls channels, 2 p2p channels, "
+                "2 p2p channels per peer",
+            )
+            self.log.nccl(
+                rank,
+                f"comm 0x5151{rank:04x} rank {rank} nranks {tp} cudaDev {rank} nvmlDev {rank} "
+                f"busId {rank + 1}000 commId 0x51ba11 - Init COMPLETE",
+            )
 
     @property
     def _worker(self) -> str:
@@ -787,17 +961,26 @@ class SimServer:
             if done:
                 await asyncio.sleep(o.load_seconds / SHARDS)
             spent = time.monotonic() - started
-            self.log.raw(f"({self._worker} pid={self.log.pid}) Loading safetensors checkpoint shards: "
-                         f"{100 * done // SHARDS:3d}% Completed | {done}/{SHARDS} [{_mmss(spent)}<?, ?it/s]")
+            self.log.raw(
+                f"({self._worker} pid={self.log.pid}) Loading safetensors checkpoint shards: "
+                f"{100 * done // SHARDS:3d}% Completed | {done}/{SHARDS} [{_mmss(spent)}<?, ?it/s]"
+            )
         spent = time.monotonic() - started
         self.log.line(self._worker, "default_loader.py:262", f"Loading weights took {spent:.2f} seconds")
-        self.log.line(self._worker, "gpu_model_runner.py:1801",
-                      f"Model loading took 0.00 GiB and {spent:.6f} seconds (simulated)")
+        self.log.line(
+            self._worker,
+            "gpu_model_runner.py:1801",
+            f"Model loading took 0.00 GiB and {spent:.6f} seconds (simulated)",
+        )
         kv = o.kv_cache_tokens
         self.log.engine("kv_cache_utils.py:849", f"GPU KV cache size: {kv:,} tokens")
-        self.log.engine("kv_cache_utils.py:853", f"Maximum concurrency for {o.max_model_len:,} tokens per "
-                        f"request: {kv / o.max_model_len:.2f}x")
-        self.log.engine("core.py:215", "init engine (profile, create kv cache, warmup model) took 0.00 seconds")
+        self.log.engine(
+            "kv_cache_utils.py:853",
+            f"Maximum concurrency for {o.max_model_len:,} tokens per request: {kv / o.max_model_len:.2f}x",
+        )
+        self.log.engine(
+            "core.py:215", "init engine (profile, create kv cache, warmup model) took 0.00 seconds"
+        )
 
     def _log_shutdown(self) -> None:
         self.log.uvicorn("Shutting down")
@@ -816,10 +999,13 @@ class SimServer:
             e.interval_prompt = e.interval_generated = 0
             busy = bool(prompt or gen or e.running or e.waiting)
             if busy or was_busy:  # like vLLM V1: an idle engine stays quiet
-                self.log.api("loggers.py:123", f"Engine 000: Avg prompt throughput: {prompt:.1f} tokens/s, "
-                             f"Avg generation throughput: {gen:.1f} tokens/s, Running: {len(e.running)} reqs, "
-                             f"Waiting: {len(e.waiting)} reqs, GPU KV cache usage: {100 * e.kv_usage():.1f}%, "
-                             "Prefix cache hit rate: 0.0%")
+                self.log.api(
+                    "loggers.py:123",
+                    f"Engine 000: Avg prompt throughput: {prompt:.1f} tokens/s, "
+                    f"Avg generation throughput: {gen:.1f} tokens/s, Running: {len(e.running)} reqs, "
+                    f"Waiting: {len(e.waiting)} reqs, GPU KV cache usage: {100 * e.kv_usage():.1f}%, "
+                    "Prefix cache hit rate: 0.0%",
+                )
             last, was_busy = now, busy
 
     def _toggle_stall(self) -> None:
@@ -834,8 +1020,12 @@ class SimServer:
         for line in crash_traceback(self.opts.crash_after):
             self.log.engine("core.py:700", line, "ERROR")
         self.log.api("async_llm.py:420", "AsyncLLM output_handler failed.", "ERROR")
-        self.log.api("async_llm.py:420", "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an "
-                     "issue. See stack trace (above) for the root cause.", "ERROR")
+        self.log.api(
+            "async_llm.py:420",
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an "
+            "issue. See stack trace (above) for the root cause.",
+            "ERROR",
+        )
         self.exit_code = 1
         self._stop.set()
 
@@ -871,6 +1061,7 @@ def _mmss(seconds: float) -> str:
 
 # ---- command line --------------------------------------------------------------------------------
 
+
 def _number(kind: type, minimum: float, strict: bool) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
@@ -880,22 +1071,33 @@ def _number(kind: type, minimum: float, strict: bool) -> Callable[[str], float]:
         if not math.isfinite(value) or value < minimum or (strict and value == minimum):
             raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {minimum:g}, got {text!r}")
         return value
+
     return parse
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m agents.sim.backend",
-                                description="SIMULATED vLLM-like inference backend (no model, no GPU).")
+    p = argparse.ArgumentParser(
+        prog="python -m agents.sim.backend",
+        description="SIMULATED vLLM-like inference backend (no model, no GPU).",
+    )
     p.add_argument("--port", type=_number(int, 1, False), required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--model", required=True, help="model name or path to pretend to serve")
     p.add_argument("--served-model-name", default=None)
-    p.add_argument("--tokens-per-s", type=_number(float, 0, True), required=True,
-                   help="generation rate per running request")
+    p.add_argument(
+        "--tokens-per-s",
+        type=_number(float, 0, True),
+        required=True,
+        help="generation rate per running request",
+    )
     p.add_argument("--fault", choices=FAULTS, default="none")
     p.add_argument("--load-seconds", type=_number(float, 0, False), default=2.0)
-    p.add_argument("--crash-after", type=_number(float, 0, False), default=None,
-                   help="with --fault crash: seconds of serving before the crash (default 5)")
+    p.add_argument(
+        "--crash-after",
+        type=_number(float, 0, False),
+        default=None,
+        help="with --fault crash: seconds of serving before the crash (default 5)",
+    )
     p.add_argument("--tp", type=_number(int, 1, False), default=1, help="tensor-parallel size to pretend")
     p.add_argument("--stats-interval", type=_number(float, 0, True), default=5.0)
     p.add_argument("--max-model-len", type=_number(int, 16, False), default=4096)
@@ -903,9 +1105,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-tokens", type=_number(int, BLOCK_TOKENS, False), default=65536)
     p.add_argument("--log-file", type=Path, default=None)
     p.add_argument("--nnodes", type=_number(int, 1, False), default=1, help="nodes this server spans")
-    p.add_argument("--node-rank", type=_number(int, 0, False), default=0, help="0: the head, which serves the API")
+    p.add_argument(
+        "--node-rank", type=_number(int, 0, False), default=0, help="0: the head, which serves the API"
+    )
     p.add_argument("--master-addr", default=None, help="the head's address (with --nnodes > 1)")
-    p.add_argument("--master-port", type=_number(int, 1, False), default=None, help="the head's rendezvous port")
+    p.add_argument(
+        "--master-port", type=_number(int, 1, False), default=None, help="the head's rendezvous port"
+    )
     return p
 
 
@@ -915,10 +1121,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if opts.port > 65535:
         parser.error(f"--port must be at most 65535, got {opts.port}")
     if opts.fault == "nccl-init-hang" and opts.tp * opts.nnodes < 2:
-        parser.error("--fault nccl-init-hang needs --tp 2 or more, or --nnodes 2 or more (a single-GPU server "
-                     "sets up no NCCL communicator)")
+        parser.error(
+            "--fault nccl-init-hang needs --tp 2 or more, or --nnodes 2 or more (a single-GPU server "
+            "sets up no NCCL communicator)"
+        )
     if opts.nnodes > 1 and (opts.master_addr is None or opts.master_port is None):
-        parser.error("--nnodes > 1 needs --master-addr and --master-port (where the head waits for the others)")
+        parser.error(
+            "--nnodes > 1 needs --master-addr and --master-port (where the head waits for the others)"
+        )
     if opts.node_rank >= opts.nnodes:
         parser.error(f"--node-rank {opts.node_rank} must be below --nnodes {opts.nnodes}")
     if opts.crash_after is not None and opts.fault != "crash":

@@ -50,11 +50,29 @@ class GpuModel:
 
 
 MODELS = {
-    "A30": GpuModel("NVIDIA A30", 24576, 165, 33, (210, 1440), (1215, 1215), (32, 72), ecc=True, pcie_p2p=True),
-    "H100": GpuModel("NVIDIA H100 80GB HBM3", 81559, 700, 70, (345, 1980), (2619, 2619), (28, 74), ecc=True, pcie_p2p=True),
-    "A100-80GB": GpuModel("NVIDIA A100-SXM4-80GB", 81920, 400, 55, (210, 1410), (1593, 1593), (30, 70), ecc=True, pcie_p2p=True),
-    "L40S": GpuModel("NVIDIA L40S", 46068, 350, 35, (210, 2520), (405, 9001), (30, 76), ecc=True, pcie_p2p=True),
-    "RTX4090": GpuModel("NVIDIA GeForce RTX 4090", 24564, 450, 20, (210, 2520), (405, 10501), (35, 70), ecc=False, pcie_p2p=False),
+    "A30": GpuModel(
+        "NVIDIA A30", 24576, 165, 33, (210, 1440), (1215, 1215), (32, 72), ecc=True, pcie_p2p=True
+    ),
+    "H100": GpuModel(
+        "NVIDIA H100 80GB HBM3", 81559, 700, 70, (345, 1980), (2619, 2619), (28, 74), ecc=True, pcie_p2p=True
+    ),
+    "A100-80GB": GpuModel(
+        "NVIDIA A100-SXM4-80GB", 81920, 400, 55, (210, 1410), (1593, 1593), (30, 70), ecc=True, pcie_p2p=True
+    ),
+    "L40S": GpuModel(
+        "NVIDIA L40S", 46068, 350, 35, (210, 2520), (405, 9001), (30, 76), ecc=True, pcie_p2p=True
+    ),
+    "RTX4090": GpuModel(
+        "NVIDIA GeForce RTX 4090",
+        24564,
+        450,
+        20,
+        (210, 2520),
+        (405, 10501),
+        (35, 70),
+        ecc=False,
+        pcie_p2p=False,
+    ),
 }
 
 
@@ -79,7 +97,9 @@ class SimSpec:
     topology_text: str
     topology_source: str  # where the matrix came from, for error messages
     seed: int = DEFAULT_SEED
-    workload: str = "mixed"  # "mixed": other jobs come and go; "idle": a dedicated server with nothing running
+    workload: str = (
+        "mixed"  # "mixed": other jobs come and go; "idle": a dedicated server with nothing running
+    )
 
 
 def parse_spec(spec: str) -> SimSpec:
@@ -93,7 +113,9 @@ def parse_spec(spec: str) -> SimSpec:
     if workload not in ("mixed", "idle"):
         raise GpuSourceError(f"sim spec {spec!r}: workload must be mixed or idle, got {workload!r}")
     if options:
-        raise GpuSourceError(f"sim spec {spec!r}: unknown option {next(iter(options))!r} (only seed=N and workload=mixed|idle)")
+        raise GpuSourceError(
+            f"sim spec {spec!r}: unknown option {next(iter(options))!r} (only seed=N and workload=mixed|idle)"
+        )
     if len(positional) == 1:
         return replace(_preset_spec(positional[0], seed), workload=workload)
     if len(positional) == 3:
@@ -124,13 +146,17 @@ def _preset_spec(name: str, seed: int) -> SimSpec:
             f"unknown sim preset {name!r}: valid presets are {', '.join(PRESETS)}; or give MODEL,COUNT,PATH_TO_TOPO_TXT"
         )
     path = TOPOLOGY_DIR / preset.topology_file
-    return SimSpec(MODELS[preset.model], preset.count, path.read_text(encoding="utf-8"), f"preset {name}", seed)
+    return SimSpec(
+        MODELS[preset.model], preset.count, path.read_text(encoding="utf-8"), f"preset {name}", seed
+    )
 
 
 def _custom_spec(model_name: str, count_text: str, path_text: str, seed: int) -> SimSpec:
     model = find_model(model_name)
     if not count_text.isdigit() or not 1 <= int(count_text) <= MAX_GPUS:
-        raise GpuSourceError(f"sim spec: GPU count must be a whole number from 1 to {MAX_GPUS}, got {count_text!r}")
+        raise GpuSourceError(
+            f"sim spec: GPU count must be a whole number from 1 to {MAX_GPUS}, got {count_text!r}"
+        )
     path = Path(path_text).expanduser()
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
@@ -157,9 +183,13 @@ def build_topology(spec: SimSpec) -> Topology:
     try:
         parsed = parse_topology(spec.topology_text)
     except TopologyParseError as exc:
-        raise GpuSourceError(f"{spec.topology_source}: not a readable nvidia-smi topo -m paste: {exc}") from None
+        raise GpuSourceError(
+            f"{spec.topology_source}: not a readable nvidia-smi topo -m paste: {exc}"
+        ) from None
     if parsed["kind"] != "matrix":
-        raise GpuSourceError(f"{spec.topology_source}: expected nvidia-smi topo -m output, got a {parsed['kind']} paste")
+        raise GpuSourceError(
+            f"{spec.topology_source}: expected nvidia-smi topo -m output, got a {parsed['kind']} paste"
+        )
     if len(parsed["gpus"]) != spec.count:
         raise GpuSourceError(
             f"{spec.topology_source}: the matrix has {len(parsed['gpus'])} GPUs but the spec asks for {spec.count}"
@@ -168,12 +198,18 @@ def build_topology(spec: SimSpec) -> Topology:
     links = [TopoLink(a=link["a"], b=link["b"], link=link["link"]) for link in parsed["links"]]
     gpu_links = [link for link in links if {link.a, link.b} <= gpu_names]
     return Topology(
-        gpus=[TopoDevice(name=g["name"], cpu_affinity=g["cpu_affinity"], numa_affinity=g["numa_affinity"])
-              for g in parsed["gpus"]],
+        gpus=[
+            TopoDevice(name=g["name"], cpu_affinity=g["cpu_affinity"], numa_affinity=g["numa_affinity"])
+            for g in parsed["gpus"]
+        ],
         nics=[TopoNic(name=nic["name"], device=nic["device"]) for nic in parsed["nics"]],
         links=links,
-        p2p={mode: [link.model_copy(update={"link": p2p_label(spec.model, link.link, mode)}) for link in gpu_links]
-             for mode in ("r", "w", "n")},
+        p2p={
+            mode: [
+                link.model_copy(update={"link": p2p_label(spec.model, link.link, mode)}) for link in gpu_links
+            ]
+            for mode in ("r", "w", "n")
+        },
     )
 
 
@@ -201,8 +237,11 @@ class SimSource(GpuSource, LoadAware):
         bus_numbers = sorted(ids.sample(range(0x04, 0xF0), self.spec.count))
         self._gpus = [
             SimulatedGpu(
-                index=i, model=self.spec.model, uuid=f"GPU-{uuid.UUID(int=ids.getrandbits(128))}",
-                pci_bus_id=f"00000000:{bus:02X}:00.0", numa_node=_single_node(device.numa_affinity),
+                index=i,
+                model=self.spec.model,
+                uuid=f"GPU-{uuid.UUID(int=ids.getrandbits(128))}",
+                pci_bus_id=f"00000000:{bus:02X}:00.0",
+                numa_node=_single_node(device.numa_affinity),
                 rng=random.Random(f"{self.spec.seed}:{self.spec.model.name}:{self.spec.count}:{i}"),
                 idle=self.spec.workload == "idle",
             )
@@ -247,9 +286,23 @@ class SimSource(GpuSource, LoadAware):
 class SimulatedGpu:
     """One GPU's state: a mean-reverting random walk with bursts; memory, heat and power follow."""
 
-    def __init__(self, index: int, model: GpuModel, uuid: str, pci_bus_id: str, numa_node: int | None,
-                 rng: random.Random, idle: bool = False) -> None:
-        self.index, self.model, self.uuid, self.pci_bus_id, self.numa_node = index, model, uuid, pci_bus_id, numa_node
+    def __init__(
+        self,
+        index: int,
+        model: GpuModel,
+        uuid: str,
+        pci_bus_id: str,
+        numa_node: int | None,
+        rng: random.Random,
+        idle: bool = False,
+    ) -> None:
+        self.index, self.model, self.uuid, self.pci_bus_id, self.numa_node = (
+            index,
+            model,
+            uuid,
+            pci_bus_id,
+            numa_node,
+        )
         self.rng, self.idle = rng, idle
         self.baseline = 0.0 if idle else rng.uniform(5, 70)
         self.util = self.baseline
@@ -265,15 +318,22 @@ class SimulatedGpu:
 
     def info(self) -> GpuInfo:
         return GpuInfo(
-            index=self.index, uuid=self.uuid, name=self.model.name, pci_bus_id=self.pci_bus_id,
-            memory_total_mib=self.model.memory_mib, numa_node=self.numa_node, power_limit_w=self.model.tdp_w,
+            index=self.index,
+            uuid=self.uuid,
+            name=self.model.name,
+            pci_bus_id=self.pci_bus_id,
+            memory_total_mib=self.model.memory_mib,
+            numa_node=self.numa_node,
+            power_limit_w=self.model.tdp_w,
         )
 
     def pin(self, util: float | None, mem_used_mib: float | None) -> None:
         if util is not None and not 0 <= util <= 100:
             raise ValueError(f"GPU {self.index}: utilization must be 0-100 %, got {util}")
         if mem_used_mib is not None and not 0 <= mem_used_mib <= self.model.memory_mib:
-            raise ValueError(f"GPU {self.index}: memory used must be 0-{self.model.memory_mib} MiB, got {mem_used_mib}")
+            raise ValueError(
+                f"GPU {self.index}: memory used must be 0-{self.model.memory_mib} MiB, got {mem_used_mib}"
+            )
         if util is not None:
             self.pinned_util = self.util = float(util)
         if mem_used_mib is not None:
@@ -297,7 +357,8 @@ class SimulatedGpu:
             power_limit_w=model.tdp_w,
             sm_clock_mhz=self._sm_clock(util, power),
             mem_clock_mhz=model.mem_clock_mhz[1] if util >= 1 else model.mem_clock_mhz[0],
-            throttle_reasons=(REASON_GPU_IDLE if util < 1 else 0) | (REASON_SW_POWER_CAP if power >= 0.97 * model.tdp_w else 0),
+            throttle_reasons=(REASON_GPU_IDLE if util < 1 else 0)
+            | (REASON_SW_POWER_CAP if power >= 0.97 * model.tdp_w else 0),
             ecc_corrected=0 if model.ecc else None,
             ecc_uncorrected=0 if model.ecc else None,
             xids=[self.xids.popleft() for _ in range(min(len(self.xids), MAX_XIDS_PER_SAMPLE))],
@@ -337,7 +398,9 @@ class SimulatedGpu:
 
     def _power(self, util: float) -> float:
         model = self.model
-        draw = model.idle_w + (model.tdp_w - model.idle_w) * util / 100 + self.rng.gauss(0, 0.01 * model.tdp_w)
+        draw = (
+            model.idle_w + (model.tdp_w - model.idle_w) * util / 100 + self.rng.gauss(0, 0.01 * model.tdp_w)
+        )
         return _clamp(draw, 0.8 * model.idle_w, model.tdp_w)
 
     def _sm_clock(self, util: float, power: float) -> int:

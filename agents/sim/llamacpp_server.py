@@ -37,13 +37,56 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 
 log = logging.getLogger("llamacpp_server")
 
-COMPLETION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/engines/copilot-codex/completions"})
+COMPLETION_PATHS = frozenset(
+    {"/v1/completions", "/v1/chat/completions", "/v1/engines/copilot-codex/completions"}
+)
 QUIET_PATHS = frozenset({"/metrics", "/health"})  # polled every few seconds by the agent
 # vLLM's own bucket boundaries, so dashboards read both the same way
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 LOG_FORMAT = "%(levelname)s %(asctime)s [%(module)s.py:%(lineno)d] %(message)s"
 LOG_DATEFMT = "%m-%d %H:%M:%S"
 
@@ -77,17 +120,35 @@ class EngineMeter:
         r, labels = self.registry, ["model_name"]
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", labels, registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", labels, registry=r)
-        self.success = Counter("vllm:request_success", "Finished requests.", [*labels, "finished_reason"],
-                               registry=r)
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time from arrival to the first token.",
-                              labels, buckets=TTFT_BUCKETS, registry=r).labels(model_name)
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between successive tokens.", labels,
-                             buckets=ITL_BUCKETS, registry=r).labels(model_name)
+        self.success = Counter(
+            "vllm:request_success", "Finished requests.", [*labels, "finished_reason"], registry=r
+        )
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time from arrival to the first token.",
+            labels,
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Time between successive tokens.",
+            labels,
+            buckets=ITL_BUCKETS,
+            registry=r,
+        ).labels(model_name)
         for name, doc, read in (
-            ("vllm:num_requests_running", "Requests the engine is working on.", lambda: self.totals().running),
+            (
+                "vllm:num_requests_running",
+                "Requests the engine is working on.",
+                lambda: self.totals().running,
+            ),
             ("vllm:num_requests_waiting", "Requests queued for the engine.", lambda: self.totals().waiting),
-            ("vllm:kv_cache_usage_perc", "Fraction of the context (KV cache) in use.",
-             lambda: self.totals().kv_usage),
+            (
+                "vllm:kv_cache_usage_perc",
+                "Fraction of the context (KV cache) in use.",
+                lambda: self.totals().kv_usage,
+            ),
         ):
             Gauge(name, doc, labels, registry=r).labels(model_name).set_function(read)
         self.model_name = model_name
@@ -247,9 +308,11 @@ def stats_line(before: Totals, after: Totals, seconds: float) -> str:
     seconds = max(seconds, 1e-9)
     prompt = (after.prompt_tokens - before.prompt_tokens) / seconds
     generation = (after.generation_tokens - before.generation_tokens) / seconds
-    return (f"Avg prompt throughput: {prompt:.1f} tokens/s, Avg generation throughput: {generation:.1f} tokens/s, "
-            f"Running: {after.running} reqs, Waiting: {after.waiting} reqs, "
-            f"KV cache usage: {after.kv_usage * 100:.1f}%")
+    return (
+        f"Avg prompt throughput: {prompt:.1f} tokens/s, Avg generation throughput: {generation:.1f} tokens/s, "
+        f"Running: {after.running} reqs, Waiting: {after.waiting} reqs, "
+        f"KV cache usage: {after.kv_usage * 100:.1f}%"
+    )
 
 
 class QuietProbes(logging.Filter):
@@ -270,8 +333,11 @@ def log_config() -> dict:
         "filters": {"quiet": {"()": QuietProbes}},
         "handlers": {"out": handler, "access": {**handler, "filters": ["quiet"]}},
         "loggers": {
-            name: {"handlers": ["access" if name == "uvicorn.access" else "out"], "level": "INFO",
-                   "propagate": False}
+            name: {
+                "handlers": ["access" if name == "uvicorn.access" else "out"],
+                "level": "INFO",
+                "propagate": False,
+            }
             for name in ("llamacpp_server", "uvicorn", "uvicorn.error", "uvicorn.access")
         },
     }
@@ -344,7 +410,9 @@ def _port(text: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m agents.sim.llamacpp_server", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m agents.sim.llamacpp_server", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--model", required=True, type=Path, help="path to a GGUF file")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=8000)
@@ -371,9 +439,14 @@ def serve(args: argparse.Namespace) -> int:
     import llama_cpp
     import uvicorn
 
-    log.info("llama-cpp-python %s (llama.cpp engine) loading model %s: n_ctx=%s, n_threads=%s, n_gpu_layers=%s",
-             llama_cpp.__version__, args.model, args.n_ctx or "default", args.n_threads or "default",
-             args.n_gpu_layers)
+    log.info(
+        "llama-cpp-python %s (llama.cpp engine) loading model %s: n_ctx=%s, n_threads=%s, n_gpu_layers=%s",
+        llama_cpp.__version__,
+        args.model,
+        args.n_ctx or "default",
+        args.n_threads or "default",
+        args.n_gpu_layers,
+    )
     if args.verbose:
         show_llama_cpp_info_log()
     began = time.monotonic()
@@ -384,8 +457,9 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     log.info("Model %s loaded in %.2f s", meter.model_name, time.monotonic() - began)
     StatsLogger(meter, args.log_stats_interval).start()
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_config=log_config(),
-                            timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_config=log_config(), timeout_graceful_shutdown=5
+    )
     uvicorn.Server(config).run()
     return 0
 

@@ -67,8 +67,10 @@ class Rendezvous:
                 break
             except OSError as exc:
                 if asyncio.get_running_loop().time() > deadline:
-                    raise RendezvousError(f"timed out after {self.join_timeout_s:g} s joining the head at "
-                                          f"{self.endpoint}: {exc}") from None
+                    raise RendezvousError(
+                        f"timed out after {self.join_timeout_s:g} s joining the head at "
+                        f"{self.endpoint}: {exc}"
+                    ) from None
                 await asyncio.sleep(JOIN_RETRY_S)
         writer.write(HELLO + str(self.node_rank).encode() + b"\n")
         await writer.drain()

@@ -10,5 +10,20 @@ from dashboard.models.deployments import (
 )
 from dashboard.models.fleet import AgentToken, Gpu, GpuSample, Link, LogChunk, Node
 
-__all__ = ["AgentToken", "Alert", "AlertEvent", "Channel", "Deployment", "DeploymentEvent", "DeploymentMember",
-           "DeploymentMetric", "Gpu", "GpuSample", "Link", "LogChunk", "Node", "Notification", "PlanRequest"]
+__all__ = [
+    "AgentToken",
+    "Alert",
+    "AlertEvent",
+    "Channel",
+    "Deployment",
+    "DeploymentEvent",
+    "DeploymentMember",
+    "DeploymentMetric",
+    "Gpu",
+    "GpuSample",
+    "Link",
+    "LogChunk",
+    "Node",
+    "Notification",
+    "PlanRequest",
+]

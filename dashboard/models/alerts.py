@@ -35,27 +35,36 @@ class Alert(models.Model):
 
     key = models.CharField(max_length=200, help_text='dedupe key, e.g. "stall:<deployment id>"')
     kind = models.CharField(max_length=40)
-    severity = models.CharField(max_length=10, choices=AlertSeverity.choices(), default=AlertSeverity.CRITICAL)
+    severity = models.CharField(
+        max_length=10, choices=AlertSeverity.choices(), default=AlertSeverity.CRITICAL
+    )
     status = models.CharField(max_length=12, choices=AlertStatus.choices(), default=AlertStatus.OPEN)
     title = models.CharField(max_length=300)
     cause = models.TextField()
     remedy = models.TextField()
     evidence = models.JSONField(default=dict, blank=True)
     actions = models.JSONField(default=dict, blank=True)
-    deployment = models.ForeignKey(Deployment, null=True, blank=True, on_delete=models.SET_NULL, related_name="alerts")
+    deployment = models.ForeignKey(
+        Deployment, null=True, blank=True, on_delete=models.SET_NULL, related_name="alerts"
+    )
     node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="alerts")
     opened = models.DateTimeField(default=timezone.now)
     refreshed = models.DateTimeField(default=timezone.now, help_text="the rule last confirmed the problem")
     acknowledged = models.DateTimeField(null=True, blank=True)
-    acknowledged_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    acknowledged_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
     resolved = models.DateTimeField(null=True, blank=True)
 
     objects = AlertQuerySet.as_manager()
 
     class Meta:
         ordering = ["-opened", "-pk"]
-        constraints = [models.UniqueConstraint(fields=["key"], condition=~Q(status=AlertStatus.RESOLVED),
-                                               name="alert_key_unresolved")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["key"], condition=~Q(status=AlertStatus.RESOLVED), name="alert_key_unresolved"
+            )
+        ]
         indexes = [models.Index(fields=["status", "kind"], name="alert_status_kind")]
 
     def __str__(self) -> str:
@@ -87,9 +96,17 @@ class Alert(models.Model):
 
     def summary(self) -> dict[str, Any]:
         """What browsers and webhooks get: enough to show and link the alert, not the evidence."""
-        return {"id": self.pk, "key": self.key, "kind": self.kind, "severity": self.severity,
-                "status": self.status, "title": self.title, "url": self.get_absolute_url(),
-                "deployment": self.deployment_id, "node": self.node.name if self.node else None}
+        return {
+            "id": self.pk,
+            "key": self.key,
+            "kind": self.kind,
+            "severity": self.severity,
+            "status": self.status,
+            "title": self.title,
+            "url": self.get_absolute_url(),
+            "deployment": self.deployment_id,
+            "node": self.node.name if self.node else None,
+        }
 
     def move_to(self, status: str, reason: str, **fields: Any) -> AlertEvent | None:
         """Change status once, even with several workers racing; None if the move is not (or no longer) allowed."""
@@ -128,7 +145,9 @@ class Channel(models.Model):
     """Where one operator wants alerts: their e-mail address (made for them) or a webhook they added."""
 
     kind = models.CharField(max_length=10, choices=ChannelKind.choices())
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="alert_channels")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="alert_channels"
+    )
     value = models.CharField(max_length=500, help_text="e-mail address or webhook URL")
     enabled = models.BooleanField(default=True)
     disabled_reason = models.TextField(blank=True)
@@ -138,8 +157,11 @@ class Channel(models.Model):
 
     class Meta:
         ordering = ["owner", "kind", "pk"]
-        constraints = [models.UniqueConstraint(fields=["owner"], condition=Q(kind=ChannelKind.EMAIL),
-                                               name="one_email_channel_per_operator")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner"], condition=Q(kind=ChannelKind.EMAIL), name="one_email_channel_per_operator"
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.value}"
@@ -151,11 +173,16 @@ class Channel(models.Model):
     def ensure_operator_emails(cls) -> None:
         """Every active user with an address and a role (or staff status) has an e-mail channel (on unless
         they turned it off)."""
-        staff = (get_user_model().objects.filter(Q(is_staff=True) | Q(groups__name__in=ROLE_NAMES), is_active=True)
-                 .exclude(email="").distinct())
+        staff = (
+            get_user_model()
+            .objects.filter(Q(is_staff=True) | Q(groups__name__in=ROLE_NAMES), is_active=True)
+            .exclude(email="")
+            .distinct()
+        )
         for user in staff:
-            channel, _ = cls.objects.get_or_create(owner=user, kind=ChannelKind.EMAIL,
-                                                   defaults={"value": user.email})
+            channel, _ = cls.objects.get_or_create(
+                owner=user, kind=ChannelKind.EMAIL, defaults={"value": user.email}
+            )
             if channel.value != user.email:  # the address follows the account
                 cls.objects.filter(pk=channel.pk).update(value=user.email)
 
@@ -196,7 +223,9 @@ class Notification(models.Model):
     created = models.DateTimeField(default=timezone.now)
     not_before = models.DateTimeField(default=timezone.now)
     attempt = models.PositiveSmallIntegerField(default=1)
-    status = models.CharField(max_length=10, choices=NotificationStatus.choices(), default=NotificationStatus.PENDING)
+    status = models.CharField(
+        max_length=10, choices=NotificationStatus.choices(), default=NotificationStatus.PENDING
+    )
     claimed = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True)
@@ -206,8 +235,13 @@ class Notification(models.Model):
 
     class Meta:
         ordering = ["-created", "-pk"]
-        indexes = [models.Index(fields=["not_before"], name="notification_unfinished",
-                                condition=Q(status__in=[NotificationStatus.PENDING, NotificationStatus.SENDING]))]
+        indexes = [
+            models.Index(
+                fields=["not_before"],
+                name="notification_unfinished",
+                condition=Q(status__in=[NotificationStatus.PENDING, NotificationStatus.SENDING]),
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.event} to {self.channel}: {self.status}"
@@ -224,7 +258,11 @@ class Notification(models.Model):
         """Take the oldest due row for this worker alone: a conditional UPDATE that only one worker wins."""
         now = timezone.now()
         for pk in cls.objects.claimable(now).order_by("not_before", "pk").values_list("pk", flat=True)[:10]:
-            won = cls.objects.claimable(now).filter(pk=pk).update(status=NotificationStatus.SENDING, claimed=now)
+            won = (
+                cls.objects.claimable(now)
+                .filter(pk=pk)
+                .update(status=NotificationStatus.SENDING, claimed=now)
+            )
             if won == 1:
                 return cls.objects.select_related("alert", "event", "channel").get(pk=pk)
         return None
@@ -234,6 +272,10 @@ class Notification(models.Model):
         self.save(update_fields=["status", "error", "duration", "finished"])
 
     def retry_later(self, delay: timedelta) -> Notification:
-        return Notification.objects.create(alert=self.alert, event=self.event, channel=self.channel,
-                                           attempt=self.attempt + 1, not_before=timezone.now() + delay)
-
+        return Notification.objects.create(
+            alert=self.alert,
+            event=self.event,
+            channel=self.channel,
+            attempt=self.attempt + 1,
+            not_before=timezone.now() + delay,
+        )

@@ -26,7 +26,9 @@ class PlanRequest(models.Model):
 
     created = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
-    model_ref = models.CharField(max_length=500, help_text="catalog name, HF id, or a path to config.json/GGUF")
+    model_ref = models.CharField(
+        max_length=500, help_text="catalog name, HF id, or a path to config.json/GGUF"
+    )
     config = models.JSONField(null=True, blank=True, help_text="an uploaded config.json")
     max_model_len = models.PositiveIntegerField(default=8192)
     concurrency = models.PositiveIntegerField(default=1)
@@ -68,7 +70,9 @@ class Deployment(models.Model):
     plan = models.JSONField(help_text="the planner's plan as chosen")
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="deployments")
     launch = models.JSONField(help_text="the launch command sent to the agent (protocol.Launch)")
-    state = models.CharField(max_length=10, choices=DeploymentState.choices(), default=DeploymentState.PLANNED)
+    state = models.CharField(
+        max_length=10, choices=DeploymentState.choices(), default=DeploymentState.PLANNED
+    )
     state_since = models.DateTimeField(default=timezone.now)
     progress = models.FloatField(null=True, blank=True)
     port = models.PositiveIntegerField(null=True, blank=True)
@@ -76,13 +80,18 @@ class Deployment(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     detail = models.TextField(blank=True)
     # What the operator wants: "running" until they press Stop. Reports that contradict a stop are stale.
-    desired = models.CharField(max_length=10, choices=DesiredState.choices(), default=DesiredState.RUNNING,
-                               editable=False)
+    desired = models.CharField(
+        max_length=10, choices=DesiredState.choices(), default=DesiredState.RUNNING, editable=False
+    )
     override_busy = models.BooleanField(default=False)
-    stall_window_s = models.FloatField(default=60.0, help_text="requests in flight with no token progress "
-                                       "for this long is a stall")
-    startup_deadline_s = models.FloatField(default=900.0, help_text="launched but not ready after this long "
-                                           "(the clock restarts whenever loading makes progress)")
+    stall_window_s = models.FloatField(
+        default=60.0, help_text="requests in flight with no token progress for this long is a stall"
+    )
+    startup_deadline_s = models.FloatField(
+        default=900.0,
+        help_text="launched but not ready after this long "
+        "(the clock restarts whenever loading makes progress)",
+    )
     # When the server last showed progress: tokens or steps moved, or nothing was owed (no requests).
     progress_at = models.DateTimeField(null=True, blank=True)
     # When startup last showed progress: a state change or a loading-progress step.
@@ -116,9 +125,17 @@ class Deployment(models.Model):
     def summary(self) -> dict[str, Any]:
         """What the live pages show of a deployment (sent in fleet ticks)."""
         counters = self.last_counters or {}
-        return {"id": self.pk, "node": self.node_id, "state": self.state, "label": self.state_label(),
-                "progress": self.progress, "tokens_per_s": self.tokens_per_s, "t": self.last_counters_t,
-                "running": counters.get("requests_running"), "waiting": counters.get("requests_waiting")}
+        return {
+            "id": self.pk,
+            "node": self.node_id,
+            "state": self.state,
+            "label": self.state_label(),
+            "progress": self.progress,
+            "tokens_per_s": self.tokens_per_s,
+            "t": self.last_counters_t,
+            "running": counters.get("requests_running"),
+            "waiting": counters.get("requests_waiting"),
+        }
 
     @property
     def is_active(self) -> bool:
@@ -141,7 +158,10 @@ class Deployment(models.Model):
 
     def apply_status(self, status: protocol.DeploymentStatus) -> None:
         """The agent reported on this deployment's process."""
-        if self.desired == DesiredState.STOPPED and status.state not in (DeploymentState.STOPPED, DeploymentState.FAILED):
+        if self.desired == DesiredState.STOPPED and status.state not in (
+            DeploymentState.STOPPED,
+            DeploymentState.FAILED,
+        ):
             return  # a late report from a process the operator already stopped
         if self.state == DeploymentState.FAILED and status.state == DeploymentState.STOPPED:
             return  # stopped because another node of it failed: the failure is the news
@@ -149,7 +169,11 @@ class Deployment(models.Model):
             if HEAD_END not in self.detail:  # another node failed first: keep that, add the head's end
                 self.move_to(self.state, member_failure_text(self.detail, status.detail))
             return
-        fields = {k: getattr(status, k) for k in ("port", "pid", "exit_code", "progress") if getattr(status, k) is not None}
+        fields = {
+            k: getattr(status, k)
+            for k in ("port", "pid", "exit_code", "progress")
+            if getattr(status, k) is not None
+        }
         if status.progress is not None and status.progress != self.progress:
             fields["startup_progress_at"] = timezone.now()
         self.move_to(status.state, status.detail, **fields)
@@ -168,10 +192,17 @@ class Deployment(models.Model):
         r = rates(protocol.ServerCounters.model_validate(previous), previous_t, counters, t)
         self.tokens_per_s = r.get("generation_tokens_per_s")
         self.save(update_fields=["last_counters", "last_counters_t", "tokens_per_s", "progress_at"])
-        return DeploymentMetric.objects.create(deployment=self, t=datetime.fromtimestamp(t, tz=UTC), **_metric_fields(r, counters))
+        return DeploymentMetric.objects.create(
+            deployment=self, t=datetime.fromtimestamp(t, tz=UTC), **_metric_fields(r, counters)
+        )
 
 
-PROGRESS_COUNTERS = ("generation_tokens_total", "prompt_tokens_total", "steps_total", "requests_finished_total")
+PROGRESS_COUNTERS = (
+    "generation_tokens_total",
+    "prompt_tokens_total",
+    "steps_total",
+    "requests_finished_total",
+)
 
 
 def made_progress(previous: dict | None, counters: protocol.ServerCounters) -> bool:
@@ -196,8 +227,13 @@ def _metric_fields(r: dict[str, Any], counters: protocol.ServerCounters) -> dict
     }
 
 
-def move_row(row: Deployment | DeploymentMember, state: str, detail: str, fields: dict[str, Any],
-             also_on_change: tuple[str, ...] = ()) -> bool:
+def move_row(
+    row: Deployment | DeploymentMember,
+    state: str,
+    detail: str,
+    fields: dict[str, Any],
+    also_on_change: tuple[str, ...] = (),
+) -> bool:
     """Set a row's state, detail and fields, saving only those columns (a Celery task and the ingest path may
     hold the same row at once); True when the state changed. `also_on_change` fields get the change time."""
     changed = state != row.state
@@ -234,7 +270,9 @@ class DeploymentMember(models.Model):
     rank = models.PositiveSmallIntegerField()
     gpus = models.JSONField(help_text="GPU indices on this node")
     launch = models.JSONField(null=True, blank=True, help_text="the launch sent to this node's agent")
-    state = models.CharField(max_length=10, choices=DeploymentState.choices(), default=DeploymentState.PLANNED)
+    state = models.CharField(
+        max_length=10, choices=DeploymentState.choices(), default=DeploymentState.PLANNED
+    )
     state_since = models.DateTimeField(default=timezone.now)
     pid = models.PositiveIntegerField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
@@ -242,8 +280,10 @@ class DeploymentMember(models.Model):
 
     class Meta:
         ordering = ["deployment", "rank"]
-        constraints = [models.UniqueConstraint(fields=["deployment", "node"], name="member_unique_node"),
-                       models.UniqueConstraint(fields=["deployment", "rank"], name="member_unique_rank")]
+        constraints = [
+            models.UniqueConstraint(fields=["deployment", "node"], name="member_unique_node"),
+            models.UniqueConstraint(fields=["deployment", "rank"], name="member_unique_rank"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.deployment_id} rank {self.rank} on {self.node.name}"
@@ -256,7 +296,9 @@ class DeploymentMember(models.Model):
         """A rank that serves no API cannot say it is ready: it is, once the head (which waits for it) is."""
         head = self.deployment.state
         if self.state in (DeploymentState.LAUNCHING, DeploymentState.LOADING) and head in (
-                DeploymentState.READY, DeploymentState.SERVING):
+            DeploymentState.READY,
+            DeploymentState.SERVING,
+        ):
             return head
         return self.state
 
@@ -266,8 +308,11 @@ class DeploymentMember(models.Model):
     def move_to(self, state: str, detail: str = "", **fields: Any) -> None:
         """Like Deployment.move_to; a change is recorded on the deployment's history, naming this node."""
         if move_row(self, state, detail, fields):
-            DeploymentEvent.objects.create(deployment=self.deployment, state=state,
-                                           detail=f"{self.node.name} (rank {self.rank}): {detail or state}")
+            DeploymentEvent.objects.create(
+                deployment=self.deployment,
+                state=state,
+                detail=f"{self.node.name} (rank {self.rank}): {detail or state}",
+            )
 
     def apply_status(self, status: protocol.DeploymentStatus) -> None:
         fields = {k: getattr(status, k) for k in ("pid", "exit_code") if getattr(status, k) is not None}

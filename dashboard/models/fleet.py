@@ -33,8 +33,12 @@ class Node(models.Model):
     topology = models.JSONField(null=True, blank=True)
     network_gbps = models.FloatField(default=10.0, help_text="this node's link to the other nodes, Gbit/s")
     rdma = models.BooleanField(default=False, help_text="InfiniBand/RoCE between nodes")
-    address = models.CharField(max_length=253, blank=True, help_text="where the other nodes reach this one "
-                               "(multi-node deployments); blank: the hostname its agent reported")
+    address = models.CharField(
+        max_length=253,
+        blank=True,
+        help_text="where the other nodes reach this one "
+        "(multi-node deployments); blank: the hostname its agent reported",
+    )
     # Hash of the last hello's GPUs and topology: a reconnecting agent with the same hardware costs one UPDATE.
     inventory_digest = models.CharField(max_length=64, blank=True, editable=False)
     # Replay bookkeeping: the agent process (boot_id) and the highest sequence number stored from it.
@@ -206,5 +210,3 @@ class LogChunk(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name} {self.source} ({len(self.lines)} lines)"
-
-

@@ -18,14 +18,18 @@ PASSWORD_ENV = "LAYERCAKE_PASSWORD"
 
 
 class Command(BaseCommand):
-    help = (f"Create a user in a role. The password comes from ${PASSWORD_ENV}, or from standard input with "
-            "--password-stdin; otherwise one is generated and printed once.")
+    help = (
+        f"Create a user in a role. The password comes from ${PASSWORD_ENV}, or from standard input with "
+        "--password-stdin; otherwise one is generated and printed once."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("username")
         parser.add_argument("--role", required=True, choices=roles.ROLE_NAMES)
         parser.add_argument("--email", default="", help="alert mail goes here")
-        parser.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
+        parser.add_argument(
+            "--password-stdin", action="store_true", help="read the password from standard input"
+        )
 
     def handle(self, username: str, role: str, email: str, password_stdin: bool, **options):
         user_model = get_user_model()

@@ -27,15 +27,19 @@ class Command(BaseCommand):
         if running is not None:  # a rerun of ./run.sh: its agent re-attaches to the server it already runs
             self.stdout.write(f"demo deployment {running.pk}: {model} already {running.state} on {node}")
             return
-        row = PlanRequest.objects.create(model_ref=model, max_model_len=max_model_len, concurrency=4, node=target)
+        row = PlanRequest.objects.create(
+            model_ref=model, max_model_len=max_model_len, concurrency=4, node=target
+        )
         row = deploy.run_plan_request(row.pk)
         if row.status != PlanStatus.DONE or not row.plans():
             raise CommandError(f"could not plan {model} on {node}: {row.error or 'no plan fits'}")
         deployment = deploy.create_deployment(row, 0, None)
         tasks.launch_deployment.delay(deployment.pk)
         plan = deployment.chosen_plan
-        self.stdout.write(f"demo deployment {deployment.pk}: {model} as {plan.backend} TP={plan.tp} "
-                          f"PP={plan.pp} on {node} (runs as {deployment.launch['backend']})")
+        self.stdout.write(
+            f"demo deployment {deployment.pk}: {model} as {plan.backend} TP={plan.tp} "
+            f"PP={plan.pp} on {node} (runs as {deployment.launch['backend']})"
+        )
 
     def wait_for_node(self, name: str, wait: float) -> Node:
         deadline = time.monotonic() + wait

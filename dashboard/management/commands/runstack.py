@@ -30,7 +30,10 @@ from dashboard.supervise import Component, Keeper, StartupFailed
 from layercake.settings import private_secret
 
 DEMO_FLEET = [
-    ("a30-seed", "sim:a30x4,workload=idle"),  # the field report's server: 4x A30, every pair SYS, no P2P; dedicated
+    (
+        "a30-seed",
+        "sim:a30x4,workload=idle",
+    ),  # the field report's server: 4x A30, every pair SYS, no P2P; dedicated
     ("h100-nvlink", "sim:h100x8"),
     ("rtx4090-box", "sim:rtx4090x2"),
     ("rtx4090-box-b", "sim:rtx4090x2,workload=idle"),  # its twin: models too big for one box plan across both
@@ -85,11 +88,20 @@ def agent_connected(node: str):
 
 # The stack, in start-up order. A component is one line; `blocking` ones must answer before the next starts.
 SERVER_COMPONENTS = [
-    Component("redis", lambda c: stack.redis_service(c.redis_port, c.log_dir, c.redis_config), redis_answers,
-              blocking=True, when=lambda c: c.redis_port is not None),
-    Component("asgi", lambda c: stack.asgi_service(c.port, c.env, c.log_dir), login_page_answers, blocking=True),
+    Component(
+        "redis",
+        lambda c: stack.redis_service(c.redis_port, c.log_dir, c.redis_config),
+        redis_answers,
+        blocking=True,
+        when=lambda c: c.redis_port is not None,
+    ),
+    Component(
+        "asgi", lambda c: stack.asgi_service(c.port, c.env, c.log_dir), login_page_answers, blocking=True
+    ),
     Component("celery-worker", lambda c: stack.celery_worker_service(c.env, c.log_dir), worker_answers),
-    Component("celery-notify", lambda c: stack.celery_notify_worker_service(c.env, c.log_dir), worker_answers),
+    Component(
+        "celery-notify", lambda c: stack.celery_notify_worker_service(c.env, c.log_dir), worker_answers
+    ),
     Component("celery-beat", lambda c: stack.celery_beat_service(c.env, c.log_dir), beat_is_beating),
 ]
 
@@ -137,7 +149,9 @@ class Command(BaseCommand):
         components = SERVER_COMPONENTS + ([] if no_demo else demo_agents(context))
         keeper.start_all(components)
         if context.redis_port is not None:
-            self.say(f"embedded Redis on 127.0.0.1:{context.redis_port} (password in {context.var_dir}/redis-password)")
+            self.say(
+                f"embedded Redis on 127.0.0.1:{context.redis_port} (password in {context.var_dir}/redis-password)"
+            )
         if not no_demo:
             deploy_demo_model(context.env, context.log_dir, self.say)
         keeper.check_all_alive()
@@ -145,8 +159,10 @@ class Command(BaseCommand):
         username, password = ensure_admin(context.var_dir / "admin-login.txt")
         self.stdout.write(self.style.SUCCESS(f"\nlayercake is running: http://127.0.0.1:{context.port}/"))
         # Not through say(): the password stays out of the logs.
-        self.stdout.write(login_line(username, password, context.var_dir / "admin-login.txt")
-                          + f"   (logs in {context.log_dir}; Ctrl-C stops)\n")
+        self.stdout.write(
+            login_line(username, password, context.var_dir / "admin-login.txt")
+            + f"   (logs in {context.log_dir}; Ctrl-C stops)\n"
+        )
 
     def say(self, line: str) -> None:
         """To the terminal and to var/log/runstack.log."""
@@ -210,8 +226,10 @@ def login_line(username: str, password: str | None, password_file: Path) -> str:
 
 def demo_agents(context: StackContext) -> list[Component]:
     server = f"http://127.0.0.1:{context.port}"
-    return [Component(f"agent {name}", agent_builder(server, name, spec, context.var_dir), agent_connected(name))
-            for name, spec in DEMO_FLEET]
+    return [
+        Component(f"agent {name}", agent_builder(server, name, spec, context.var_dir), agent_connected(name))
+        for name, spec in DEMO_FLEET
+    ]
 
 
 def demo_servers(var_dir: Path) -> list[Child]:
@@ -247,8 +265,9 @@ def agent_builder(server: str, name: str, spec: str, var_dir: Path):
         _, token = AgentToken.issue(node)
         run_dir = var_dir / "agents" / name  # one per agent: an agent adopts the servers in its dir
         extra = ["--run-dir", str(run_dir), "--model-dir", str(var_dir / "models"), "--disk-outbox"]
-        return stack.agent_service(server, token, spec, settings.AGENT_INTERVAL, context.log_dir / f"agent-{name}.log",
-                                   extra)
+        return stack.agent_service(
+            server, token, spec, settings.AGENT_INTERVAL, context.log_dir / f"agent-{name}.log", extra
+        )
 
     return build
 
@@ -256,8 +275,9 @@ def agent_builder(server: str, name: str, spec: str, var_dir: Path):
 def deploy_demo_model(env: dict[str, str], log_dir: Path, say) -> None:
     """Plan and deploy the field report's model on the demo A30 node (a child process, so that it talks
     to the same Redis as the stack)."""
-    demo = stack.Service("deploy-demo", [sys.executable, "manage.py", "deploy_demo"], env,
-                         log_dir / "deploy-demo.log").start()
+    demo = stack.Service(
+        "deploy-demo", [sys.executable, "manage.py", "deploy_demo"], env, log_dir / "deploy-demo.log"
+    ).start()
     try:
         demo.proc.wait(timeout=120)
     except subprocess.TimeoutExpired:

@@ -1,0 +1,38 @@
+"""The bundled fixtures are verbatim copies of the public ones, so a clone alone runs every test."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fixtures import BUNDLED, KINDS, UPSTREAM, read_fixture
+
+
+def bundled_files() -> list:
+    return sorted(p for kind in KINDS for p in (BUNDLED / kind).iterdir() if p.is_file())
+
+
+def test_it_bundles_every_kind_the_tests_read() -> None:
+    counts = {kind: sum(1 for p in (BUNDLED / kind).iterdir() if p.is_file()) for kind in KINDS}
+    assert counts == {"topo": 41, "logs": 32, "metrics": 6, "placement": 9}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in bundled_files() if p.parent.name in ("topo", "logs", "metrics")],
+    ids=lambda p: p.name[:3],
+)
+def test_it_keeps_each_source_header(path) -> None:
+    header, body = read_fixture(path)
+    assert header.get("source") and body.strip()
+
+
+@pytest.mark.skipif(
+    not UPSTREAM.is_dir(), reason="no upstream shared/fixtures beside the repository (a plain clone)"
+)
+def test_it_matches_the_upstream_copy_byte_for_byte() -> None:
+    differing = [
+        p.relative_to(BUNDLED)
+        for p in bundled_files()
+        if (UPSTREAM / p.relative_to(BUNDLED)).read_bytes() != p.read_bytes()
+    ]
+    assert differing == []
