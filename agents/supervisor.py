@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agents import protocol
-from agents.backends import ADAPTERS, LOOPBACK, Adapter, LaunchRefused, admit
+from agents.backends import ADAPTERS, LOOPBACK, SIMULATION_BACKENDS, Adapter, LaunchRefused, admit
 from agents.protocol import Launch, Restart, ServerCounters, Stop
 
 log = logging.getLogger("agents.supervisor")
@@ -375,6 +375,11 @@ class Supervisor:
 
     def _adapter(self, backend: str) -> Adapter:
         adapter = self.adapters.get(backend)
+        if adapter is None and backend in SIMULATION_BACKENDS:
+            raise LaunchRefused(
+                f"{backend}: this agent has no simulation installed; it ships in layercake-agent-sim "
+                f"(demos and tests, not GPU nodes)"
+            )
         if adapter is None:
             raise LaunchRefused(f"backend {backend!r} is not supported by this agent")
         return adapter

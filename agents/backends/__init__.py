@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 from agents.backends.base import LOOPBACK, Adapter, LaunchRefused, admit
-from agents.backends.llamacpp import LlamaCppAdapter, LlamaCppPythonAdapter
+from agents.backends.llamacpp import LlamaCppAdapter
 from agents.backends.ollama import OllamaAdapter
 from agents.backends.sglang import SglangAdapter
-from agents.backends.simulated import SimulatedAdapter
 from agents.backends.vllm import VllmAdapter
+
+SIMULATION_BACKENDS = ("llama-cpp-python", "simulated")
+
+
+def simulation_adapters() -> tuple[Adapter, ...]:
+    """The simulated nodes' adapters, when layercake-agent-sim is installed (never on a GPU node)."""
+    try:
+        from agents.sim.adapters import LlamaCppPythonAdapter, SimulatedAdapter
+    except ModuleNotFoundError:
+        return ()
+    return LlamaCppPythonAdapter(), SimulatedAdapter()
+
 
 ADAPTERS: dict[str, Adapter] = {
     adapter.name: adapter
@@ -16,9 +27,8 @@ ADAPTERS: dict[str, Adapter] = {
         SglangAdapter(),
         LlamaCppAdapter(),
         OllamaAdapter(),
-        LlamaCppPythonAdapter(),
-        SimulatedAdapter(),
+        *simulation_adapters(),
     )
 }
 
-__all__ = ["ADAPTERS", "LOOPBACK", "Adapter", "LaunchRefused", "admit"]
+__all__ = ["ADAPTERS", "LOOPBACK", "SIMULATION_BACKENDS", "Adapter", "LaunchRefused", "admit"]

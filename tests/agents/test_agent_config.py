@@ -9,12 +9,13 @@ import pytest
 
 from agents import protocol
 from agents.__main__ import SETTINGS, build_parser, configure, main
-from agents.backends import ADAPTERS, LaunchRefused
+from agents.backends import ADAPTERS, LaunchRefused, simulation_adapters
 from agents.config import ConfigError, read_env_file
 from agents.gpus import make_source
 from agents.gpus.base import GpuSource, GpuSourceError
 from agents.runner import Agent, default_run_dir
 from agents.sim.gpus import SimSource
+from agents.supervisor import Supervisor
 from dashboard.stack import BASE_DIR
 
 
@@ -162,16 +163,23 @@ def test_it_says_in_one_line_that_the_simulation_is_not_installed(monkeypatch, c
 
 
 @pytest.mark.parametrize("backend", ["simulated", "llama-cpp-python"])
-def test_it_refuses_simulated_servers_when_the_simulation_is_not_installed(backend, monkeypatch):
-    monkeypatch.setitem(os.sys.modules, "agents.sim", None)
-    for name in ("agents.sim.backend", "agents.sim.llamacpp_server"):
-        monkeypatch.delitem(os.sys.modules, name, raising=False)
+def test_it_refuses_simulated_servers_when_the_simulation_is_not_installed(backend, monkeypatch, tmp_path):
+    monkeypatch.setitem(os.sys.modules, "agents.sim", None)  # what a node with only layercake-agent has
+    monkeypatch.delitem(os.sys.modules, "agents.sim.adapters", raising=False)
+    adapters = {adapter.name: adapter for adapter in node_adapters()}
+    assert set(adapters) == {"vllm", "sglang", "llama.cpp", "ollama"}
+    supervisor = Supervisor([tmp_path], tmp_path / "run", print, print, print, adapters=adapters)
     with pytest.raises(
-        LaunchRefused,
-        match=f"{backend}: module 'agents.sim.* is not installed on this node; "
-        f"it ships in layercake-agent-sim",
+        LaunchRefused, match=f"{backend}: this agent has no simulation installed; it ships in "
     ):
-        ADAPTERS[backend].executable()
+        supervisor._adapter(backend)
+
+
+def node_adapters() -> list:
+    """The registry as `agents.backends` builds it, here without the simulation."""
+    return [ADAPTERS[name] for name in ("vllm", "sglang", "llama.cpp", "ollama")] + list(
+        simulation_adapters()
+    )
 
 
 class LookalikeSource(GpuSource):

@@ -1,11 +1,60 @@
-"""The simulated backend (`python -m agents.sim.backend`): no GPU, vLLM-style API, metrics and log lines."""
+"""Adapters for the servers that only simulated nodes run: the simulated vLLM-like backend
+(`python -m agents.sim.backend`) and llama-cpp-python's server through the wrapper in this package. They ship
+with layercake-agent-sim; `agents.backends` adds them to its registry when this package is installed."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from agents.backends.base import LOOPBACK, Adapter, LaunchRefused, number, valued_options
-from agents.backends.llamacpp import agent_pythonpath
-from agents.backends.progress import vllm_progress
+from agents.backends.llamacpp import ALL_LAYERS, gpu_layers
+from agents.backends.progress import llamacpp_python_progress, vllm_progress
 from agents.protocol import Launch
+
+AGENT_ROOT = str(Path(__file__).resolve().parents[2])  # the directory that holds the `agents` package
+
+
+class LlamaCppPythonAdapter(Adapter):
+    """`python -m agents.sim.llamacpp_server`: llama-cpp-python's server app, with /metrics in vLLM names."""
+
+    name = "llama-cpp-python"
+    executable_name = ""
+    module = "agents.sim.llamacpp_server"
+    model_must_be_file = True
+
+    def argv(self, launch: Launch, port: int, host: str = LOOPBACK) -> list[str]:
+        o = launch.options
+        layers = gpu_layers(launch)
+        argv = [
+            self.executable(),
+            "-m",
+            self.module,
+            "--model",
+            launch.model,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--n_gpu_layers",
+            "-1" if layers == ALL_LAYERS else layers,
+            "--verbose",
+        ]  # llama.cpp's own loading lines, for the log view and the log scanner
+        return argv + valued_options(
+            {"--n_ctx": o.max_model_len, "--n_threads": o.threads, "--served_model_name": o.served_model_name}
+        )
+
+    def env(self, launch: Launch, port: int, host: str = LOOPBACK) -> dict[str, str]:
+        return {**super().env(launch, port, host), "PYTHONPATH": agent_pythonpath()}
+
+    def loading_progress(self, line: str) -> float | None:
+        return llamacpp_python_progress(line)
+
+
+def agent_pythonpath() -> str:
+    """PYTHONPATH that lets `python -m agents.<module>` import this agent whatever the working directory."""
+    inherited = os.environ.get("PYTHONPATH", "")
+    return AGENT_ROOT + (os.pathsep + inherited if inherited else "")
 
 
 class SimulatedAdapter(Adapter):
