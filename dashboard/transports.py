@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import smtplib
+import socket
+import threading
 import time
 from abc import ABC, abstractmethod
 from datetime import timedelta
@@ -177,20 +180,28 @@ class WebhookTransport(Transport):
         url = self.channel.value
         connection = pinned_connection(url)
         target = urlsplit(url)
+        deadline = TryDeadline(
+            connection, settings.WEBHOOK_CONNECT_TIMEOUT_S + settings.WEBHOOK_READ_TIMEOUT_S
+        )
         try:
-            connection.request(
-                "POST",
-                (target.path or "/") + (f"?{target.query}" if target.query else ""),
-                body,
-                {"Content-Type": "application/json", "User-Agent": "layercake-alerts"},
-            )
-            response = connection.getresponse()
-            response.read(65536)
+            with deadline:
+                connection.request(
+                    "POST",
+                    (target.path or "/") + (f"?{target.query}" if target.query else ""),
+                    body,
+                    {"Content-Type": "application/json", "User-Agent": "layercake-alerts"},
+                )
+                response = connection.getresponse()
+                response.read(65536)
+            if deadline.expired:  # the cut-off socket can read as a clean end of the headers or the body
+                raise deadline.error(url)
         except TimeoutError:
             raise TransportError(
                 f"{url} did not answer within {connection.timeout:g} s", timed_out=True
             ) from None
         except (http.client.HTTPException, OSError) as exc:
+            if deadline.expired:
+                raise deadline.error(url) from None
             raise TransportError(
                 f"could not reach {url}: {exc}", timed_out=isinstance(exc, ConnectTimeout)
             ) from None
@@ -198,6 +209,33 @@ class WebhookTransport(Transport):
             connection.close()
         if not 200 <= response.status < 300:
             raise http_error(url, response.status, response.reason, response.getheader("Location", "?"))
+
+
+class TryDeadline:
+    """A deadline for one whole try. The socket's read timeout bounds each recv() only: a receiver that sends
+    its answer a byte at a time would hold the notify worker for as long as it kept sending. When the deadline
+    passes, the socket is shut down, which ends the blocked read at once."""
+
+    def __init__(self, connection: http.client.HTTPConnection, seconds: float) -> None:
+        self.connection, self.seconds, self.expired = connection, seconds, False
+        self.timer = threading.Timer(seconds, self.cut_off)
+        self.timer.daemon = True
+
+    def cut_off(self) -> None:
+        self.expired = True
+        if self.connection.sock is not None:
+            with contextlib.suppress(OSError):
+                self.connection.sock.shutdown(socket.SHUT_RDWR)
+
+    def error(self, url: str) -> TransportError:
+        return TransportError(f"{url} did not finish answering within {self.seconds:g} s", timed_out=True)
+
+    def __enter__(self) -> TryDeadline:
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.timer.cancel()
 
 
 def pinned_connection(url: str) -> PinnedHTTPConnection:

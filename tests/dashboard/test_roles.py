@@ -6,6 +6,7 @@ row; the agent socket authenticates nodes by token, not people.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from io import StringIO
@@ -289,6 +290,14 @@ def test_it_says_who_may_not_do_what_and_which_role_may(client, persona):
         f"{user.username} ({role}) may not stop or restart a deployment: that needs the operator role"
         in refusal
     )
+
+
+def test_it_logs_a_refusal_as_one_line_without_a_traceback(client, caplog):
+    client.force_login(make_user(roles.VIEWER))
+    with caplog.at_level(logging.WARNING, logger="django.request"):
+        assert client.post(f"/deployments/{'x' * 8}/stop/").status_code == 403
+    (record,) = [r for r in caplog.records if r.name == "django.request"]
+    assert record.getMessage().startswith("Forbidden") and record.exc_info is None
 
 
 BUTTONS = [  # (page, what marks the button, the role that first sees it)
