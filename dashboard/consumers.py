@@ -26,6 +26,8 @@ from dashboard.choices import NodeStatus
 from dashboard.live import FLEET_GROUP, FleetFanout, agent_group, announce_node
 from dashboard.models import AgentToken, Node
 
+CHANNEL_LAYER_TIMEOUT_S = 5.0  # a hello that waits longer on Redis is told to reconnect
+
 log = logging.getLogger(__name__)
 _buffers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ingest.IngestBuffer] = (
     weakref.WeakKeyDictionary()
@@ -69,6 +71,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.close(protocol.CLOSE_UNAUTHORIZED)
             return
         self.node, self.token_id = token.node, token.pk
+        try:
+            await asyncio.wait_for(self.join_node_group(), timeout=CHANNEL_LAYER_TIMEOUT_S)
+        except (RedisError, OSError, TimeoutError):
+            # Redis away (restarting, overloaded): without the group the server cannot reach this agent, so
+            # tell it to come back rather than leave it waiting for a welcome that never comes.
+            self.closing = True
+            await self.send(protocol.error("busy", "the server's message bus is unavailable; reconnect"))
+            await self.close(protocol.CLOSE_RETRY)
+
+    async def join_node_group(self) -> None:
         # One agent per node: an older connection (a duplicate agent, or a socket not yet seen dead) is closed.
         await self.channel_layer.group_send(agent_group(self.node.pk), {"type": "agent.replaced"})
         await self.channel_layer.group_add(agent_group(self.node.pk), self.channel_name)

@@ -1,5 +1,6 @@
 """The agent endpoint: tokens, validation, storage, acks and replay dedupe (in-process, in-memory layer)."""
 
+import asyncio
 import json
 
 import pytest
@@ -114,3 +115,33 @@ async def test_it_stores_log_tails():
     chunk = await database_sync_to_async(LogChunk.objects.get)()
     assert chunk.lines == ["a", "b"]
     await comm.disconnect()
+
+
+class UnreachableLayer:
+    """A channel layer whose Redis is gone: every group call fails as channels_redis fails then."""
+
+    extensions: list[str] = []
+
+    async def new_channel(self, prefix="specific."):
+        return prefix + "unreachable"
+
+    async def receive(self, channel):
+        await asyncio.Event().wait()  # nothing ever arrives
+
+    async def group_send(self, group, message):
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    async def group_add(self, group, channel):
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    async def group_discard(self, group, channel):
+        raise ConnectionRefusedError(111, "Connection refused")
+
+
+async def test_it_tells_an_agent_to_reconnect_while_the_message_bus_is_down(monkeypatch):
+    monkeypatch.setattr("channels.consumer.get_channel_layer", lambda alias="default": UnreachableLayer())
+    comm = await connect(await make_node())
+    reply = json.loads(await comm.receive_from())
+    assert reply["code"] == "busy"
+    assert (await comm.receive_output())["code"] == 1013  # try again later: the agent reconnects with backoff
+    assert await counts() == (0, 0)
