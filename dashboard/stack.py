@@ -138,49 +138,22 @@ def asgi_service(port: int, env: dict[str, str], log_dir: Path) -> Service:
 
 def celery_worker_service(env: dict[str, str], log_dir: Path) -> Service:
     """The worker of the default queue: hang detection, planning, launches (not notifications)."""
-    argv = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "layercake",
-        "worker",
-        "-Q",
-        "celery",
-        "-c",
-        "1",
-        "-l",
-        "info",
-        "--without-gossip",
-        "--without-mingle",
-        "-n",
-        f"worker-{os.getpid()}@%h",
-    ]
-    return Service("celery-worker", argv, env, log_dir / "celery-worker.log")
+    return _celery_worker("celery-worker", "celery", 1, "worker", env, log_dir)
 
 
 def celery_notify_worker_service(env: dict[str, str], log_dir: Path) -> Service:
     """The worker of the notify queue (settings.CELERY_TASK_ROUTES): alert mail and webhooks, so that a slow
     receiver never delays detection. Two processes: one receiver that does not answer holds up only one."""
-    argv = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "layercake",
-        "worker",
-        "-Q",
-        "notify",
-        "-c",
-        "2",
-        "-l",
-        "info",
-        "--without-gossip",
-        "--without-mingle",
-        "-n",
-        f"notify-{os.getpid()}@%h",
-    ]
-    return Service("celery-notify", argv, env, log_dir / "celery-notify.log")
+    return _celery_worker("celery-notify", "notify", 2, "notify", env, log_dir)
+
+
+def _celery_worker(
+    name: str, queue: str, concurrency: int, node: str, env: dict[str, str], log_dir: Path
+) -> Service:
+    # The node name (-n) is how the start-up check finds this worker's ping reply.
+    argv = [sys.executable, "-m", "celery", "-A", "layercake", "worker", "-Q", queue, "-c", str(concurrency)]
+    argv += ["-l", "info", "--without-gossip", "--without-mingle", "-n", f"{node}-{os.getpid()}@%h"]
+    return Service(name, argv, env, log_dir / f"{name}.log")
 
 
 def celery_beat_service(env: dict[str, str], log_dir: Path) -> Service:
