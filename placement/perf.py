@@ -26,13 +26,19 @@ from placement.request import LLAMA_CPP, OLLAMA, SGLANG, VLLM, Settings
 from placement.spec import ModelSpec
 from placement.weights import WeightBytes
 
-# Fraction of peak HBM bandwidth decode reaches, fitted on throughput_observations.csv (derivation in
-# docs/placement.md, "Calibration"; tests/placement/test_placement_accuracy.py refits it). vLLM/SGLang: the two
-# LambdaLabs H100 rows (Llama-3.1-70B FP8, TP1 TPOT 33.1 ms, TP2 over NVLink 22.3 ms) -> 0.60, the value
-# whose errors on the two rows have a geometric mean of 1 (each row alone would give 0.66 and 0.55).
-# llama.cpp/Ollama: the A30 Ollama layer-split row and the 4x3090 tensor-split row -> 0.36 (0.37 and
-# 0.34 alone). SGLang has no row: it borrows vLLM's figure.
-HBM_EFFICIENCY = {VLLM: 0.60, SGLANG: 0.60, LLAMA_CPP: 0.36, OLLAMA: 0.36}
+# Fraction of peak memory bandwidth decode reaches (derivation in docs/placement.md, "Calibration").
+# vLLM/SGLang, fitted on throughput_observations.csv (tests/placement/test_placement_accuracy.py refits it): the
+# two LambdaLabs H100 rows (Llama-3.1-70B FP8, TP1 TPOT 33.1 ms, TP2 over NVLink 22.3 ms) -> 0.60, the value
+# whose errors on the two rows have a geometric mean of 1 (each row alone would give 0.66 and 0.55). SGLang
+# has no row: it borrows vLLM's figure. llama.cpp/Ollama: LLAMA_CPP_EFFICIENCY below.
+HBM_EFFICIENCY = {VLLM: 0.60, SGLANG: 0.60}
+# llama.cpp/Ollama, fitted on the public llama-bench tg512/tg4096 tables in tests/data/fixtures/placement/
+# llamabench_*.txt (10 of 16 files; the other 6 are held out, tests/placement/test_llama_bench_calibration.py
+# refits it): HBM GPUs (A100, H100) reach 0.62 of peak, GDDR GPUs (RTX 3090/4090) 0.94, and every layer costs
+# a fixed 0.11 ms per token on top (kernel launches and the small ops between the matrix-vector products).
+LLAMA_CPP_EFFICIENCY = {"hbm": 0.62, "gddr": 0.94}
+LLAMA_CPP_LAYER_MS = 0.11
+HBM_FAMILIES = ("A30", "A100", "H100", "H200", "V100")  # GPU table rows with HBM; the rest have GDDR
 # Fixed cost per decode step (scheduler, sampling, launches) with CUDA graphs; eager adds per layer.
 STEP_OVERHEAD_MS = {VLLM: 0.5, SGLANG: 0.5, LLAMA_CPP: 0.5, OLLAMA: 0.8}
 EAGER_MS_PER_LAYER = 0.04
@@ -139,11 +145,18 @@ def stage_time(
     gpu = layout.stages[stage][0]
     kv = kv_bytes_per_token(model, layout, stage, settings.kv_bytes) * batch * context
     read = _gpu_stage_bytes(model, wb, layout, stage, batch) + kv
-    hbm_ms = read / (gpu.mem_bw_gbs * 1e9 * HBM_EFFICIENCY[settings.backend]) * 1e3
+    hbm_ms = read / (gpu.mem_bw_gbs * 1e9 * bandwidth_efficiency(settings.backend, gpu)) * 1e3
     compute_ms = (
         _active_flops_per_token(model, layout, stage) * batch / (gpu.tflops * 1e12 * DECODE_MFU) * 1e3
     )
     return StageTime(hbm_ms, compute_ms, tp_comm_ms(model, layout, stage, batch))
+
+
+def bandwidth_efficiency(backend: str, gpu: GPU) -> float:
+    """Fraction of the GPU's peak memory bandwidth one decode step reaches on this backend."""
+    if backend in (LLAMA_CPP, OLLAMA):
+        return LLAMA_CPP_EFFICIENCY["hbm" if gpu.model.startswith(HBM_FAMILIES) else "gddr"]
+    return HBM_EFFICIENCY[backend]
 
 
 def tp_comm_ms(model: ModelSpec, layout: Layout, stage: int, tokens: int) -> float:
@@ -167,7 +180,8 @@ def _send_ms(link: Link | None, size: float) -> float:
 
 def overhead_ms(layout: Layout, settings: Settings) -> float:
     eager = EAGER_MS_PER_LAYER * max(layout.layers) if settings.request.enforce_eager else 0.0
-    return STEP_OVERHEAD_MS[settings.backend] + eager
+    per_layer = LLAMA_CPP_LAYER_MS * sum(layout.layers) if settings.backend in (LLAMA_CPP, OLLAMA) else 0.0
+    return STEP_OVERHEAD_MS[settings.backend] + eager + per_layer
 
 
 def decode_step(
@@ -234,10 +248,10 @@ def served_streams(layout: Layout, settings: Settings, kv_tokens: int | None) ->
 def _assumptions(
     model: ModelSpec, layout: Layout, settings: Settings, streams: int, prompt: int
 ) -> list[str]:
-    eff = HBM_EFFICIENCY[settings.backend]
+    eff = bandwidth_efficiency(settings.backend, layout.gpus[0])
     notes = [
         f"decode at {settings.decode_context:,} tokens of context per stream, {streams} stream(s) batched",
-        f"HBM bandwidth used at {eff:.0%} of peak; {DECODE_MFU:.0%} of peak FLOPs for large batches",
+        f"memory bandwidth used at {eff:.0%} of peak; {DECODE_MFU:.0%} of peak FLOPs for large batches",
         f"prefill of a {prompt:,}-token prompt at {PREFILL_MFU:.0%} of peak FLOPs",
     ]
     if model.is_moe:

@@ -8,7 +8,7 @@ from typing import Any
 from placement.cluster import Cluster, NodeRejection
 from placement.commands import launch
 from placement.evaluate import Candidate
-from placement.perf import HBM_EFFICIENCY
+from placement.perf import bandwidth_efficiency
 from placement.request import LLAMA_CPP, OLLAMA, Request
 from placement.spec import ModelSpec
 
@@ -93,11 +93,11 @@ def speed_text(c: Candidate) -> str:
     tp = sum(s.tp_ms for s in step.stages)
     text = (
         f"decode: {step.batch} stream(s) per micro-batch read for {hbm:.1f} ms over {c.layout.pp} stage(s) at "
-        f"{HBM_EFFICIENCY[c.backend]:.0%} of {gpu.mem_bw_gbs:g} GB/s"
+        f"{bandwidth_efficiency(c.backend, gpu):.0%} of {gpu.mem_bw_gbs:g} GB/s"
     )
     text += f" + {tp:.1f} ms TP all-reduce" if tp >= 0.05 else ""
     text += f" + {step.handoff_ms:.2f} ms hand-offs" if step.handoff_ms >= 0.01 else ""
-    text += f" + {step.overhead_ms:g} ms overhead = {step.serial_ms:.1f} ms per token"
+    text += f" + {step.overhead_ms:.2f} ms overhead = {step.serial_ms:.1f} ms per token"
     if step.micro > 1:
         text += f"; {step.micro} micro-batches in flight, one every {step.cycle_ms / step.micro:.1f} ms"
     return (
