@@ -21,7 +21,12 @@ GIB = float(2**30)
 BLOCK = 16  # vLLM KV block size in tokens
 ACT_BYTES = 2  # bf16 activations
 NON_TORCH_GIB = 0.35  # vllm#10517 log: non_torch_memory=0.35GiB (TP=1)
-NCCL_GIB = 0.10  # extra NCCL buffers once there is more than one rank (worked example: ~0.4 GiB total)
+# More than one rank adds NCCL and custom all-reduce buffers outside torch: vllm PR #10511's H100 logs of one
+# model at TP1 and TP2 show non_torch_memory 1.79 -> 3.58 GiB (fixture vllm_memory_profile_pr10511.txt).
+TP_NON_TORCH_GIB = 1.79
+# vLLM and SGLang budget from the total CUDA reports (torch.cuda.mem_get_info), which is below NVML's total
+# by what the driver keeps: H100 81559 MiB (79.65 GiB) in NVML, total_gpu_memory 79.22 GiB in vLLM's log.
+CUDA_RESERVED_GIB = 0.43
 CUDA_GRAPH_GIB = 0.5  # public logs show 0.1-3.5 GiB; 0.66 GiB is a typical single-GPU figure
 SAFETY_GIB = 0.25  # headroom left when the planner lowers the utilization below 0.9 for busy GPUs
 DEFAULT_UTILIZATION = 0.9
@@ -123,6 +128,11 @@ def stage_weight_bytes(model: ModelSpec, wb: WeightBytes, layout: Layout, stage:
     return total
 
 
+def cuda_total_gib(gpu: GPU) -> float:
+    """The total vLLM and SGLang budget from: NVML's total less what the driver keeps."""
+    return max(0.0, gpu.total_gib - CUDA_RESERVED_GIB)
+
+
 def batch_defaults(gpu: GPU, settings: Settings) -> tuple[int, int]:
     """vLLM `vllm serve` defaults: 8192 batched tokens / 1024 sequences on >=70 GiB GPUs other than
     A100, else 2048 / 256 (EngineArgs usage-context defaults)."""
@@ -181,7 +191,7 @@ def choose_fraction(
     requested = settings.request.gpu_memory_utilization
     if requested is not None:
         return requested, [], _startup_problems(layout, requested, name)
-    fits = min((g.free_gib - outside_gib - SAFETY_GIB) / g.total_gib for g in layout.gpus)
+    fits = min((g.free_gib - outside_gib - SAFETY_GIB) / cuda_total_gib(g) for g in layout.gpus)
     default = default_fraction(settings.backend, layout.tp)
     fraction = default if fits >= default else max(0.05, math.floor(fits * 100) / 100)
     return fraction, _busy_risks(layout, fraction, default, name), []
@@ -197,7 +207,7 @@ def default_fraction(backend: str, tp: int) -> float:
 def _startup_problems(layout: Layout, fraction: float, name: str) -> list[Issue]:
     problems = []
     for gpu in layout.gpus:
-        wanted = gpu.total_gib * fraction
+        wanted = cuda_total_gib(gpu) * fraction
         if gpu.free_gib < wanted:
             problems.append(
                 Issue(
@@ -240,7 +250,7 @@ def vllm_family_memory(model: ModelSpec, wb: WeightBytes, layout: Layout, settin
         activation_bytes(model, layout.tp, tokens, seqs, s == 0, s == layout.pp - 1) / GIB
         for s in range(layout.pp)
     ]
-    non_torch = NON_TORCH_GIB + (NCCL_GIB if len(layout.gpus) > 1 else 0.0)
+    non_torch = NON_TORCH_GIB + (TP_NON_TORCH_GIB if len(layout.gpus) > 1 else 0.0)
     # vLLM captures graphs outside its budget; SGLang keeps activations, graphs and non-torch memory outside.
     outside = graphs + (max(peaks) + non_torch if sglang else 0.0)
     fraction, risks, problems = choose_fraction(layout, settings, outside)
@@ -270,7 +280,7 @@ def _rank_memory(
     graphs: float,
 ) -> GpuMemory:
     """One GPU: the stage's weights, activation and non-torch memory; the rest of the budget is KV."""
-    budget = gpu.total_gib * fraction
+    budget = cuda_total_gib(gpu) * fraction
     sglang = settings.backend == SGLANG
     kv_gib = max(0.0, budget - _inside_budget(shared, sglang))
     block = 1 if sglang else BLOCK
@@ -314,7 +324,7 @@ def _fit_problems(gpus: list[GpuMemory], settings: Settings, kv_tokens: int, sgl
 def _gpu_fit(g: GpuMemory, settings: Settings, sglang: bool) -> Issue | None:
     budget = g.budget_gib or 0.0
     need = _inside_budget(g.parts, sglang)
-    idle_budget = g.gpu.total_gib * default_fraction(settings.backend, 1)
+    idle_budget = cuda_total_gib(g.gpu) * default_fraction(settings.backend, 1)
     code = "busy" if need <= idle_budget and g.gpu.used_gib >= BUSY_GIB else "memory"
     if need > budget:
         parts = f"weights {need:.1f} GiB"
@@ -326,7 +336,8 @@ def _gpu_fit(g: GpuMemory, settings: Settings, sglang: bool) -> Issue | None:
         return Issue(
             code,
             f"{g.gpu.label}: {parts} exceed the budget of "
-            f"{budget / g.gpu.total_gib:g} x {g.gpu.total_gib:.1f} GiB = {budget:.1f} GiB, leaving "
+            f"{budget / cuda_total_gib(g.gpu):g} x {cuda_total_gib(g.gpu):.1f} GiB (the total CUDA reports) = "
+            f"{budget:.1f} GiB, leaving "
             "nothing for the KV cache",
         )
     if g.used_gib > g.gpu.free_gib + 1e-9:

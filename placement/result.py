@@ -8,6 +8,7 @@ from typing import Any
 from placement.cluster import Cluster, NodeRejection
 from placement.commands import launch
 from placement.evaluate import Candidate
+from placement.memory import cuda_total_gib
 from placement.perf import bandwidth_efficiency
 from placement.request import LLAMA_CPP, OLLAMA, Request
 from placement.spec import ModelSpec
@@ -65,7 +66,7 @@ def memory_text(c: Candidate, model: ModelSpec) -> str:
     fraction = mem.knobs.get("gpu_memory_utilization", mem.knobs.get("mem_fraction_static"))
     fits = (mem.kv_tokens or 0) / c.settings.max_model_len
     return (
-        f"{text}; {fraction:g} x {g.gpu.total_gib:.1f} GiB = {g.budget_gib:.1f} GiB budget minus weights, "
+        f"{text}; {fraction:g} x {cuda_total_gib(g.gpu):.1f} GiB = {g.budget_gib:.1f} GiB budget minus weights, "
         f"activation {g.parts['activation']:.1f} and non-torch {g.parts['non_torch']:.2f} leaves "
         f"{g.parts['kv_cache']:.1f} GiB of KV on the tightest GPU = {mem.kv_tokens:,} tokens "
         f"({fits:.1f} requests of {c.settings.max_model_len:,} tokens, KV {_kv_name(c.settings.kv_dtype)})"

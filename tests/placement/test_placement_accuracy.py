@@ -104,7 +104,7 @@ SCENARIOS: dict[tuple[str, ...], Scenario] = {
         "NVIDIA H100 80GB HBM3",
         1,
         None,
-        Request(backend="vllm", tp=1, dtype="fp8", concurrency=10, max_model_len=4096, decode_context=2048),
+        Request(backend="vllm", tp=1, dtype="fp8", concurrency=10, max_model_len=2048, decode_context=2048),
         "stream",
         1000 / 33.11,
         "vllm",
@@ -145,10 +145,10 @@ def observation_rows() -> list[dict[str, str]]:
 
 
 def _cluster(s: Scenario) -> Any:
-    gib = 80 if "H100" in s.gpu else 24
+    mib = 81559 if "H100" in s.gpu else 24576  # what NVML reports (nvidia-smi's total)
     node: dict[str, Any] = {
         "name": "bench",
-        "gpus": [{"index": i, "name": s.gpu, "memory_total_mib": gib * 1024} for i in range(s.count)],
+        "gpus": [{"index": i, "name": s.gpu, "memory_total_mib": mib} for i in range(s.count)],
     }
     if s.link:
         pairs = [(a, b) for a in range(s.count) for b in range(a + 1, s.count)]

@@ -49,6 +49,15 @@ def one_node(gpu: str, count: int, gib: float, label: str | None = None) -> Any:
     return load_cluster({"nodes": [node]})
 
 
+# What NVML (and so the agent) reports as the total, for the GPUs of the rows: the logs print the smaller total CUDA
+# reports (RTX 3090: 23.58 GiB), which the planner derives from this one (memory.CUDA_RESERVED_GIB).
+NVML_TOTAL_MIB = {"RTX 3090": 24576, "H100": 81559}
+
+
+def nvml_total_gib(row: dict[str, str]) -> float:
+    return next(mib for gpu, mib in NVML_TOTAL_MIB.items() if row["gpu"].startswith(gpu)) / 1024
+
+
 def evaluate_row(row: dict[str, str]) -> Candidate:
     ref = str(LOCAL_CONFIGS.get(row["model"], row["model"]))
     tp = int(row["tp"])
@@ -62,7 +71,7 @@ def evaluate_row(row: dict[str, str]) -> Candidate:
         max_num_batched_tokens=int(row["max_model_len"]) if v0 else None,
     )
     gpu = "NVIDIA " + row["gpu"].split(" (")[0]
-    result = plan(load_model(ref), one_node(gpu, tp, float(row["gpu_mem_gib"])), request)
+    result = plan(load_model(ref), one_node(gpu, tp, nvml_total_gib(row)), request)
     return (result.plans + result.rejected)[0]
 
 

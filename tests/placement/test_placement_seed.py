@@ -47,7 +47,11 @@ def test_it_finds_the_seed_command_infeasible_for_memory(capsys: pytest.CaptureF
     assert code == 2 and data["feasible"] is False
     assert (data["backend"], data["tp"], data["pp"], data["gpus"]) == ("vllm", 2, 1, [1, 2])
     memory = [p["message"] for p in data["problems"] if p["code"] == "memory"]
-    assert memory and "weights 31.1" in memory[0] and "0.8 x 24.0 GiB = 19.2 GiB" in memory[0]
+    assert (
+        memory
+        and "weights 31.1" in memory[0]
+        and "0.8 x 23.6 GiB (the total CUDA reports) = 18.9 GiB" in memory[0]
+    )
     assert all(m > 24 for m in data["memory_gib_per_gpu"])
 
 
