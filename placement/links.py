@@ -9,12 +9,17 @@ are in tests/data/fixtures/placement):
     nccl_tests_003 (4x 4090 with P2P).
   * NVLink: 20 GB/s of busbw per link (A100 NV12 pair 208 GB/s, nccl-tests#178), capped at 75 % of
     the GPU's NVLink total per direction; 2.5 us per ring step (vLLM custom all-reduce 4-12 us).
+  * host-staged all-reduce between those points is not a straight line: NCCL switches protocols and copies
+    through host memory, so 16-256 KiB (the decode all-reduce of 1-16 streams) takes 1.1-1.4x the
+    latency + bandwidth line. STAGED_ALLREDUCE_US is nccl_tests_001's measured curve, interpolated in log-log
+    and stretched to other rank counts and PCIe generations (`staged_allreduce_us`).
   * network: nccl_tests_002 (2 nodes x 8 H100) all_reduce floor ~123 us -> ~61.5 us per inter-node
     step; bandwidth 80 % of the line rate (network_gbps / 8).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -35,6 +40,21 @@ QUALITY = {NVLINK: 0, P2P: 1, UNKNOWN: 2, STAGED: 3, CROSS_SOCKET: 4, NETWORK: 5
 
 NVLINK_STEP_US, P2P_STEP_US, STAGED_STEP_US, NETWORK_STEP_US = 2.5, 3.2, 6.0, 61.5
 NVLINK_GBS_PER_LINK, P2P_SHARE, STAGED_SHARE, NETWORK_SHARE = 20.0, 0.8, 0.25, 0.8
+# nccl_tests_001 (2 ranks, PCIe Gen3, P2P NS): all_reduce_perf out-of-place (bytes, us), 8 B .. 1 MiB;
+# above 1 MiB the bus-bandwidth plateau (STAGED_SHARE x Gen3 = 4.0 GB/s) holds.
+STAGED_ALLREDUCE_US = (
+    (8, 12.25),
+    (4096, 11.79),
+    (8192, 13.07),
+    (16384, 17.11),
+    (32768, 24.62),
+    (65536, 40.10),
+    (131072, 56.90),
+    (262144, 86.04),
+    (524288, 150.2),
+    (1048576, 279.5),
+)
+STAGED_REFERENCE_GBS = 4.0  # the table's plateau: Gen3 x16 x STAGED_SHARE
 KIND_TEXT = {
     NVLINK: "NVLink",
     P2P: "PCIe P2P",
@@ -75,15 +95,39 @@ class Link:
         return f"{self.label} ({KIND_TEXT[self.kind]}{status})"
 
     def allreduce_us(self, size_bytes: float, ranks: int) -> float:
-        """Ring all-reduce: 2(n-1) steps of latency plus 2(n-1)/n of the message over the bus."""
+        """Ring all-reduce: 2(n-1) steps of latency plus 2(n-1)/n of the message over the bus; host-staged
+        links follow the measured curve instead."""
         if ranks <= 1:
             return 0.0
+        if self.without_p2p:
+            return staged_allreduce_us(size_bytes, ranks, self.busbw_gbs)
         steps = 2 * (ranks - 1)
         return steps * self.step_us + steps / ranks * size_bytes / (self.busbw_gbs * 1e3)
 
     def send_us(self, size_bytes: float) -> float:
         """One point-to-point hand-off (pipeline stage boundary)."""
         return self.step_us + size_bytes / (self.busbw_gbs * 1e3)
+
+
+def staged_allreduce_us(size_bytes: float, ranks: int, busbw_gbs: float) -> float:
+    """nccl_tests_001's 2-rank curve t2, for n ranks (2(n-1) ring steps of S/n each, so (n-1) x t2 of
+    2S/n) and another bus bandwidth (the message scaled by the table's bandwidth over this one)."""
+    size = max(1.0, 2 * size_bytes / ranks * STAGED_REFERENCE_GBS / busbw_gbs)
+    return (ranks - 1) * _two_rank_us(size)
+
+
+def _two_rank_us(size: float) -> float:
+    table = STAGED_ALLREDUCE_US
+    if size <= table[0][0]:
+        return table[0][1]
+    last_size, last_us = table[-1]
+    if size >= last_size:
+        return last_us + (size - last_size) / (STAGED_REFERENCE_GBS * 1e3)
+    for (s0, t0), (s1, t1) in zip(table, table[1:], strict=False):
+        if s0 <= size <= s1:
+            share = math.log(size / s0) / math.log(s1 / s0)
+            return math.exp(math.log(t0) + share * math.log(t1 / t0))
+    raise AssertionError("unreachable: the table covers every size")
 
 
 def _pcie(gen: int) -> float:
