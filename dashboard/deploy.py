@@ -15,6 +15,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from agents import protocol
+from dashboard import calibration
 from dashboard.choices import DeploymentState, DesiredState, PlanStatus
 from dashboard.fleet import latest_samples
 from dashboard.jobs import Job, LaunchMembers, StopProcesses
@@ -118,6 +119,7 @@ def compute_plans(row: PlanRequest) -> dict[str, Any]:
         tp=row.tp,
         node=row.node.name if row.node else None,
         backend=row.backend or None,
+        decode_factors=calibration.fleet_factors(),
     )
     return plan(request_model(row), cluster, request).to_json(limit=PLAN_LIMIT, rejected_limit=REJECTED_LIMIT)
 

@@ -18,7 +18,7 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 from agents import protocol
-from dashboard import alerts, deploy, detect
+from dashboard import alerts, calibration, deploy, detect
 from dashboard.choices import DeploymentState, DesiredState, NodeStatus
 from dashboard.jobs import DeliverNotifications, Job, LaunchMembers, StopProcesses
 from dashboard.live import agent_group, announce_deployment, announce_node, announce_plan
@@ -34,6 +34,12 @@ def prune_old_samples() -> int:
     samples, _ = GpuSample.objects.filter(t__lt=cutoff).delete()
     logs, _ = LogChunk.objects.filter(t__lt=cutoff).delete()
     return samples + logs
+
+
+@shared_task(ignore_result=False)
+def measure_deployments() -> int:
+    """Record predicted against measured for running and recently ended deployments (the fleet calibration)."""
+    return calibration.measure_recent()
 
 
 @shared_task(ignore_result=False)

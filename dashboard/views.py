@@ -8,7 +8,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from dashboard import deploy, fleet, read, roles, tasks
+from dashboard import calibration, deploy, fleet, read, roles, tasks
 from dashboard.browser_json import json_response
 from dashboard.forms import DeployForm
 from dashboard.models import Deployment, Node, PlanRequest
@@ -99,8 +99,16 @@ def deployment_page(request: HttpRequest, pk: str) -> HttpResponse:
         "metrics": fleet.metric_history(deployment, minutes=15),
         "members": deployment.members.select_related("node"),
         "gpu_history": fleet.gpu_history(deployment.node, minutes=15, indices=deployment.launch.get("gpus")),
+        "measurement": calibration.measure(deployment),
     }
     return render(request, "dashboard/deployment.html", context)
+
+
+@login_required
+def calibration_page(request: HttpRequest) -> HttpResponse:
+    rows = calibration.calibration_rows()
+    context = {"rows": rows, "min_samples": calibration.MIN_SAMPLES}
+    return render(request, "dashboard/calibration.html", context)
 
 
 @login_required

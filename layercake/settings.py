@@ -320,4 +320,5 @@ CELERY_BEAT_SCHEDULE = {
     "deliver-notifications": {"task": "dashboard.tasks.deliver_notifications", "schedule": 30.0},
     "resend-lost-launches": {"task": "dashboard.tasks.resend_lost_launches", "schedule": 10.0},
     "sweep-stale-plans": {"task": "dashboard.tasks.sweep_stale_plans", "schedule": 30.0},
+    "measure-deployments": {"task": "dashboard.tasks.measure_deployments", "schedule": 30.0},
 }

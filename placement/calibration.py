@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from placement.errors import PlacementError
+from placement.layout import Layout
 
 # ---------------------------------------------------------------- published: llama-bench tables
 
@@ -130,6 +131,24 @@ class FleetKey:
 
     def text(self) -> str:
         return f"{self.gpu} / {self.backend} / TP over {self.link}"
+
+
+def fleet_key(layout: Layout, backend: str) -> FleetKey:
+    """The key a plan's decode prediction is calibrated under: its first GPU's table row, the backend, and
+    the worst link inside its TP groups ("none" without TP)."""
+    links = [link for link in layout.tp_links if link is not None]
+    if layout.tp == 1:
+        link = "none"
+    else:
+        link = max(links, key=lambda k: k.quality).kind if len(links) == layout.pp else "unknown"
+    return FleetKey(layout.gpus[0].model, backend, link)
+
+
+def factor_for(key: FleetKey, factors: Iterable[tuple[str, str, str, float]]) -> float:
+    return next(
+        (f for gpu, backend, link, f in factors if (gpu, backend, link) == (key.gpu, key.backend, key.link)),
+        1.0,
+    )
 
 
 def fleet_factor(ratios: Iterable[float]) -> float:

@@ -16,8 +16,9 @@ the link constants come from the nccl-tests files (links.py); the rest are state
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
+from placement.calibration import FleetKey, factor_for, fleet_key
 from placement.cluster import GPU
 from placement.layout import Layout
 from placement.links import Link
@@ -107,14 +108,19 @@ class Perf:
     streams: int  # concurrency actually served (KV-limited for vLLM/SGLang)
     step: DecodeStep
     assumes: list[str] = field(default_factory=list)
+    key: FleetKey | None = None  # what the fleet's measurements of this plan calibrate
+    fleet_factor: float = 1.0  # the fleet calibration applied to the decode figures (1: published only)
 
     def to_json(self) -> dict[str, object]:
-        return {
+        data: dict[str, object] = {
             "streams": self.streams,
             "decode_step": self.step.to_json(),
             "single_stream_tok_s": round(self.single_stream_tok_s, 1),
             "assumes": self.assumes,
         }
+        if self.key is not None:
+            data["calibration"] = {**asdict(self.key), "fleet_factor": round(self.fleet_factor, 4)}
+        return data
 
 
 def _gpu_stage_bytes(model: ModelSpec, wb: WeightBytes, layout: Layout, stage: int, batch: int) -> float:
@@ -232,8 +238,16 @@ def predict(
     single = decode_step(model, wb, layout, settings, 1).tok_s
     prompt = min(settings.max_model_len, 2048)
     prefill = prefill_tok_s(model, wb, layout, settings, prompt, chunk)
-    perf = Perf(step.tok_s / streams, step.tok_s, single, prefill, streams, step)
+    key = fleet_key(layout, settings.backend)
+    factor = factor_for(key, settings.request.decode_factors)
+    total = step.tok_s * factor
+    perf = Perf(total / streams, total, single * factor, prefill, streams, step, key=key, fleet_factor=factor)
     perf.assumes = _assumptions(model, layout, settings, streams, prompt)
+    if factor != 1.0:
+        perf.assumes.append(
+            f"decode x{factor:.2f}: the fleet's measured deployments on {key.text()} (shrunk toward the "
+            "published calibration)"
+        )
     return perf
 
 

@@ -42,6 +42,9 @@ class Request:
     enforce_eager: bool = False
     flash_attention: bool = True
     split_mode: str = "layer"
+    # The fleet's own calibration: (GPU table row, backend, TP link class, factor) per key that has enough
+    # measured deployments (placement.calibration.fleet_factor); decode predictions are multiplied by it.
+    decode_factors: tuple[tuple[str, str, str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,10 @@ def validate(request: Request) -> Request:
         (
             request.decode_context is not None and request.decode_context < 1,
             f"decode context must be positive, got {request.decode_context}",
+        ),
+        (
+            any(not 0.25 <= f[3] <= 4.0 for f in request.decode_factors),
+            f"a fleet decode factor must lie in [0.25, 4], got {[f[3] for f in request.decode_factors]}",
         ),
     ]
     for failed, message in checks:

@@ -1,4 +1,4 @@
-"""Fleet models (nodes, tokens, GPUs, links, samples), deployment models and alert models."""
+"""Fleet models (nodes, tokens, GPUs, links, samples), deployment models (and their measurements), alert models."""
 
 from dashboard.models.alerts import Alert, AlertEvent, Channel, Notification
 from dashboard.models.deployments import (
@@ -9,6 +9,7 @@ from dashboard.models.deployments import (
     PlanRequest,
 )
 from dashboard.models.fleet import AgentToken, Gpu, GpuSample, Link, LogChunk, Node
+from dashboard.models.measurements import DeploymentMeasurement
 
 __all__ = [
     "AgentToken",
@@ -17,6 +18,7 @@ __all__ = [
     "Channel",
     "Deployment",
     "DeploymentEvent",
+    "DeploymentMeasurement",
     "DeploymentMember",
     "DeploymentMetric",
     "Gpu",
