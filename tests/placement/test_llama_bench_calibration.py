@@ -16,6 +16,7 @@ import pytest
 from placement import PlacementError, Request, load_cluster, load_model, plan
 from placement.calibration import BenchRow, DecodeSample, fit_decode_constants, parse_llama_bench, within
 from placement.cluster import GPU
+from placement.dtypes import weight_format
 from placement.perf import (
     HBM_FAMILIES,
     LLAMA_CPP_EFFICIENCY,
@@ -24,6 +25,7 @@ from placement.perf import (
     Perf,
     bandwidth_efficiency,
 )
+from placement.weights import weight_bytes
 from tests.fixtures import fixture_files, read_fixture
 
 MODELS = {"llama 8B": "Llama-3.1-8B-Instruct", "llama 70B": "Llama-3.1-70B-Instruct"}  # Llama 3 geometry
@@ -138,3 +140,12 @@ def test_it_uses_the_gddr_efficiency_for_a_gddr_gpu() -> None:
 def _gpu_of(run: Run) -> GPU:
     gpus = [{"index": 0, "name": run.gpu, "memory_total_mib": _memory_mib(run.gpu)}]
     return load_cluster({"nodes": [{"name": "bench", "gpus": gpus}]}).nodes[0].gpus[0]
+
+
+def test_it_predicts_the_model_size_llama_bench_reports_within_2_percent() -> None:
+    sizes = {(r.row.model, r.row.quant): r.row.size_gib for r in runs()}
+    assert len(sizes) == 4
+    for (model, quant), size_gib in sizes.items():
+        planned = weight_bytes(load_model(MODELS[model]), weight_format(quant)).total / 2**30
+        print(f"{model} {quant}: weights {planned:.2f} GiB, llama-bench {size_gib} GiB")
+        assert planned == pytest.approx(size_gib, rel=0.02)
