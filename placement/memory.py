@@ -24,6 +24,7 @@ NON_TORCH_GIB = 0.35  # vllm#10517 log: non_torch_memory=0.35GiB (TP=1)
 # More than one rank adds NCCL and custom all-reduce buffers outside torch: vllm PR #10511's H100 logs of one
 # model at TP1 and TP2 show non_torch_memory 1.79 -> 3.58 GiB (fixture vllm_memory_profile_pr10511.txt).
 TP_NON_TORCH_GIB = 1.79
+NCCL_GIB = 0.10  # pipeline ranks only (no TP): NCCL send/recv buffers, no all-reduce buffers
 # vLLM and SGLang budget from the total CUDA reports (torch.cuda.mem_get_info), which is below NVML's total
 # by what the driver keeps: H100 81559 MiB (79.65 GiB) in NVML, total_gpu_memory 79.22 GiB in vLLM's log.
 CUDA_RESERVED_GIB = 0.43
@@ -126,6 +127,13 @@ def stage_weight_bytes(model: ModelSpec, wb: WeightBytes, layout: Layout, stage:
     if stage == last and (not model.tie_word_embeddings or layout.pp > 1):
         total += wb.lm_head / tp
     return total
+
+
+def non_torch_extra(layout: Layout) -> float:
+    """Non-torch memory more ranks bring: TP's all-reduce buffers, or NCCL's alone between pipeline stages."""
+    if layout.tp > 1:
+        return TP_NON_TORCH_GIB
+    return NCCL_GIB if len(layout.gpus) > 1 else 0.0
 
 
 def cuda_total_gib(gpu: GPU) -> float:
@@ -250,7 +258,7 @@ def vllm_family_memory(model: ModelSpec, wb: WeightBytes, layout: Layout, settin
         activation_bytes(model, layout.tp, tokens, seqs, s == 0, s == layout.pp - 1) / GIB
         for s in range(layout.pp)
     ]
-    non_torch = NON_TORCH_GIB + (TP_NON_TORCH_GIB if len(layout.gpus) > 1 else 0.0)
+    non_torch = NON_TORCH_GIB + non_torch_extra(layout)
     # vLLM captures graphs outside its budget; SGLang keeps activations, graphs and non-torch memory outside.
     outside = graphs + (max(peaks) + non_torch if sglang else 0.0)
     fraction, risks, problems = choose_fraction(layout, settings, outside)
