@@ -56,7 +56,8 @@ Setter = Callable[[StartupFacts, re.Match[str]], None]
 
 def _weights(scale: float = 1.0) -> Setter:
     def apply(facts: StartupFacts, m: re.Match[str]) -> None:
-        facts.weights_gib = _largest(facts.weights_gib, _num(m[1]) * scale)
+        if _num(m[1]) > 0:  # the simulated backend loads nothing and says "0.00 GiB"
+            facts.weights_gib = _largest(facts.weights_gib, _num(m[1]) * scale)
 
     return apply
 

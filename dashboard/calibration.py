@@ -27,6 +27,7 @@ from dashboard.models import Deployment, DeploymentMeasurement, LogChunk
 from placement.calibration import MIN_SAMPLES, PRIOR_SAMPLES, FleetKey, fleet_factor, within
 
 STARTUP_CHUNKS = 200  # the first log messages of a deployment hold its startup lines
+DECODE_INTERVALS = 2000  # the newest metric intervals the decode figures use (~30 min at 1 s)
 RECENT = timedelta(minutes=10)  # a deployment that ended this recently is measured once more
 
 
@@ -37,10 +38,12 @@ def startup_lines(deployment: Deployment) -> Iterator[str]:
 
 
 def decode_figures(deployment: Deployment) -> tuple[float | None, float | None, float | None, int]:
-    """(median streams, median tok/s per stream, median tok/s in total, intervals) over the metric intervals
-    in which the server was generating with at least one request running."""
-    rows = deployment.metrics.filter(requests_running__gte=1, generation_tokens_per_s__gt=0).values_list(
-        "generation_tokens_per_s", "requests_running"
+    """(median streams, median tok/s per stream, median tok/s in total, intervals) over the newest metric
+    intervals in which the server was generating with at least one request running."""
+    rows = (
+        deployment.metrics.filter(requests_running__gte=1, generation_tokens_per_s__gt=0)
+        .order_by("-t")
+        .values_list("generation_tokens_per_s", "requests_running")[:DECODE_INTERVALS]
     )
     pairs = [(gen, running) for gen, running in rows if gen is not None and running]
     if not pairs:

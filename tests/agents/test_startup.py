@@ -51,6 +51,11 @@ def test_it_keeps_the_largest_gpu_of_a_llama_cpp_split() -> None:
     assert facts["kv_tokens"] == 16384
 
 
+def test_it_takes_no_weights_from_a_server_that_loaded_nothing() -> None:
+    line = "(EngineCore_0 pid=7) INFO [gpu_model_runner.py:1801] Model loading took 0.00 GiB and 0.2 seconds (simulated)"
+    assert read_startup([line]).weights_gib is None
+
+
 def test_it_finds_nothing_in_lines_that_measure_nothing() -> None:
     assert (
         read_startup(
