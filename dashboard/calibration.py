@@ -108,6 +108,7 @@ def predicted_vs_measured(deployment: Deployment) -> dict[str, Any]:
         "streams": row.streams,
         "total_tok_s": row.total_tok_s,
         "decode_intervals": row.decode_intervals,
+        "startup": {"kv_cache_gib": row.kv_cache_gib, "max_concurrency": row.max_concurrency},
         "rows": row.comparison(),
     }
 

@@ -21,9 +21,10 @@ from django.utils import timezone
 
 from agents.metrics import counters_from_exposition
 from agents.protocol import ServerCounters
-from dashboard import calibration, deploy
+from dashboard import calibration, deploy, tasks
+from dashboard.choices import DeploymentState
 from dashboard.management.commands.calibration_report import END, START
-from dashboard.models import Deployment, LogChunk, PlanRequest
+from dashboard.models import Deployment, DeploymentMeasurement, LogChunk, PlanRequest
 from dashboard.stack import BASE_DIR, free_port
 from placement.calibration import MIN_SAMPLES
 from tests.agents.test_simbackend import Sim
@@ -93,6 +94,17 @@ def test_it_shows_predicted_against_measured_on_the_deployment_page(box, alice, 
     assert f'<td class="ratio">{ratio:.2f}</td>' in page
     data = calibration.predicted_vs_measured(deployment)
     assert data["rows"][2]["measured"] == 25.0 and data["calibration_key"]["gpu"] == "RTX 4090"
+
+
+def test_it_measures_running_and_recently_ended_deployments_on_the_beat(box, alice) -> None:
+    row = planned()
+    running, old, recent = (deploy.create_deployment(row, 0, alice) for _ in range(3))
+    running.move_to(DeploymentState.SERVING)
+    long_ago = timezone.now() - calibration.RECENT * 2
+    Deployment.objects.filter(pk=old.pk).update(state=DeploymentState.STOPPED, state_since=long_ago)
+    Deployment.objects.filter(pk=recent.pk).update(state=DeploymentState.STOPPED)
+    assert tasks.measure_deployments() == 2
+    assert set(DeploymentMeasurement.objects.values_list("pk", flat=True)) == {running.pk, recent.pk}
 
 
 def test_it_keeps_the_published_calibration_below_the_minimum_sample_count(box, alice) -> None:
