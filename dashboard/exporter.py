@@ -11,6 +11,7 @@ the topology, the inventory and the counters that rarely move (ECC, XIDs) cost n
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -51,9 +52,15 @@ class Family:
     def metric(self) -> Metric:
         kind = CounterMetricFamily if self.counter else GaugeMetricFamily
         family = kind(self.name, self.doc, labels=self.labels)
-        for labels, value in self.points:
-            family.add_metric(labels, value)
+        sample = f"{self.name}_total" if self.counter else self.name
+        for labels, value in self.points:  # add_sample with one dict per series, not one per scrape
+            family.add_sample(sample, _label_dict(self.labels, labels), value)
         return family
+
+
+@functools.lru_cache(maxsize=2**17)
+def _label_dict(names: Labels, values: Labels) -> dict[str, str]:
+    return dict(zip(names, values, strict=True))
 
 
 @dataclass(frozen=True)
@@ -164,8 +171,6 @@ class FleetCollector:
 READING_GAUGES: tuple[tuple[str, str, Callable[[Any], float | None]], ...] = (
     ("layercake_gpu_utilization_ratio", "Share of time a kernel ran (NVML utilization.gpu / 100).",
      lambda r: r.util_gpu / 100),
-    ("layercake_gpu_memory_utilization_ratio", "Share of time device memory was read or written.",
-     lambda r: r.util_mem / 100),
     ("layercake_gpu_memory_used_bytes", "Device memory in use.", lambda r: r.mem_used_mib * MIB),
     ("layercake_gpu_temperature_celsius", "GPU core temperature.", lambda r: r.temp_c),
     ("layercake_gpu_power_watts", "Power draw.", lambda r: r.power_w),
