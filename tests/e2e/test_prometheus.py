@@ -123,8 +123,17 @@ def by_gpu(result: dict[frozenset, float], node: str) -> dict[int, float]:
     return {int(dict(k)["gpu"]): v for k, v in result.items() if dict(k)["node"] == node}
 
 
-def test_it_has_every_gpu_family_with_the_values_the_agents_sent(scraped):
-    url, fleet, _ = scraped
+def test_it_has_every_family_with_the_values_the_agents_sent(scraped):
+    """One Prometheus run for all of them: each setup costs ~15 s (server, Prometheus, agents, scrapes)."""
+    url, fleet, deployment = scraped
+    check_gpu_families(url, fleet)
+    check_node_families(url, fleet)
+    check_deployment_families(url, deployment)
+    check_alert_and_server_families(url)
+    check_wrong_token_job(url)
+
+
+def check_gpu_families(url: str, fleet: Fleet) -> None:
     util = by_gpu(series(url, "layercake_gpu_utilization_ratio"), "a30-seed")
     assert util[2] == 0.37  # pinned on the simulated GPU
     assert by_gpu(series(url, "layercake_gpu_memory_used_bytes"), "a30-seed")[2] == 12345 * MIB
@@ -154,8 +163,7 @@ def test_it_has_every_gpu_family_with_the_values_the_agents_sent(scraped):
     assert dict(labels)["uuid"] == fleet.a30.inventory()[0].uuid and dict(labels)["model"] == "NVIDIA A30"
 
 
-def test_it_has_the_node_deployment_alert_and_server_families(scraped):
-    url, fleet, deployment = scraped
+def check_node_families(url: str, fleet: Fleet) -> None:
     status = series(url, "layercake_node_status == 1")
     assert {dict(k)["node"]: dict(k)["status"] for k in status} == {
         "a30-seed": "online",
@@ -175,6 +183,8 @@ def test_it_has_the_node_deployment_alert_and_server_families(scraped):
     assert {links[("a30-seed", a, b)]["link"] for a, b in sent} == {"SYS"}
     assert links[("rtx4090-box", "GPU0", "GPU1")]["link"] == "PHB"
 
+
+def check_deployment_families(url: str, deployment: Deployment) -> None:
     one = {"deployment": deployment.pk, "model": "Qwen2.5-7B-Instruct", "node": "a30-seed", "backend": "vllm"}
     selector = ",".join(f'{k}="{v}"' for k, v in one.items())
     assert series(url, f'layercake_deployment_state{{{selector},state="serving"}}') == {
@@ -192,6 +202,8 @@ def test_it_has_the_node_deployment_alert_and_server_families(scraped):
     assert list(series(url, "layercake_deployment_requests_running").values()) == [2.0]
     assert list(series(url, "layercake_deployment_requests_waiting").values()) == [1.0]
 
+
+def check_alert_and_server_families(url: str) -> None:
     assert series(url, "layercake_alerts_open") == {
         frozenset({"kind": "stall", "severity": "critical"}.items()): 1.0
     }
@@ -204,8 +216,8 @@ def test_it_has_the_node_deployment_alert_and_server_families(scraped):
     assert list(series(url, "layercake_metrics_scrapes_total").values())[0] >= 3
 
 
-def test_it_shows_a_scrape_with_the_wrong_token_as_down_with_the_servers_answer(scraped):
-    url, _, _ = scraped
+def check_wrong_token_job(url: str) -> None:
+    """Prometheus shows a job scraping with a wrong token as down, with the server's 401."""
     jobs = targets(url)
     assert jobs["layercake"]["health"] == "up", jobs["layercake"]["lastError"]
     assert jobs["wrong-token"]["health"] == "down" and "401" in jobs["wrong-token"]["lastError"]
@@ -257,3 +269,17 @@ def test_it_runs_every_query_of_the_grafana_dashboard_and_each_returns_series(sc
     assert len(expressions) >= 12
     empty = [(title, expr) for title, expr in expressions if not query(url, with_variables(expr))]
     assert not empty, f"queries without series: {empty}"
+    for variable in (v for v in dashboard["templating"]["list"] if v["type"] == "query"):
+        metric, label = re.fullmatch(r"label_values\((\w+), (\w+)\)", variable["definition"]).groups()
+        assert all(label in dict(k) for k in series(url, metric)) and series(url, metric), variable["name"]
+
+
+def test_it_takes_the_datasource_as_a_variable_in_every_panel():
+    dashboard = json.loads(DASHBOARD.read_text())
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert (
+        variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    )
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    sources = {json.dumps(x["datasource"]) for p in panels for x in [p, *p["targets"]]}
+    assert sources == {json.dumps({"type": "prometheus", "uid": "${datasource}"})}
