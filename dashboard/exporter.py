@@ -97,24 +97,26 @@ def read_inventory(nodes: list[Node], previous: Inventory | None) -> Inventory:
     if previous is not None and previous.key == key:
         return previous
     names = {n.pk: n.name for n in nodes}
+    rows = Gpu.objects.order_by("node__name", "index").values_list(
+        "pk", "node_id", "index", "uuid", "name", "memory_total_mib", "power_limit_w"
+    )  # all of them, no IN list of every node (SQLite takes at most 32,766 parameters)
     gpus = tuple(
         GpuRow(pk, node_id, (names[node_id], str(index), uuid, model), total * MIB, limit)
-        for pk, node_id, index, uuid, model, total, limit in Gpu.objects.filter(node__in=names)
-        .order_by("node__name", "index")
-        .values_list("pk", "node_id", "index", "uuid", "name", "memory_total_mib", "power_limit_w")
+        for pk, node_id, index, uuid, model, total, limit in rows
+        if node_id in names  # a node added since the nodes were read waits for the next scrape
     )
     return Inventory(key, gpus, _gpu_links(names))
 
 
 def _gpu_links(names: dict[int, str]) -> Points:
     """GPU-to-GPU pairs only: the NIC pairs of an 8-GPU HGX node would be 180 more series each."""
-    rows = Link.objects.filter(node__in=names, a__startswith="GPU", b__startswith="GPU").order_by(
-        "node", "a", "b"
-    )
+    rows = Link.objects.filter(a__startswith="GPU", b__startswith="GPU").order_by("node", "a", "b")
     points = []
     for node_id, a, b, link, read, write in rows.values_list(
         "node_id", "a", "b", "link", "p2p_read", "p2p_write"
     ):
+        if node_id not in names:
+            continue
         p2p = read if read == write or not write else f"{read}/{write}"
         points.append(((names[node_id], a, b, link, p2p), 1.0))
     return tuple(points)
