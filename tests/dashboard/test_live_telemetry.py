@@ -8,15 +8,8 @@ from channels.db import database_sync_to_async
 
 from dashboard import consumers, telemetry
 from dashboard.models import Gpu
-from tests.agent_socket import (  # noqa: F401 (autouse fixtures)
-    close_the_consumers_connection,
-    connect,
-    hello,
-    in_memory_layer,
-    make_node,
-    samples,
-    say,
-)
+from tests import agent_socket as agent
+from tests.agent_socket import close_the_consumers_connection, in_memory_layer  # noqa: F401 (autouse fixtures)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -35,11 +28,11 @@ def with_xids(message: dict, index: int, codes: list[int]) -> dict:
 
 
 async def test_it_keeps_the_newest_reading_and_counts_xids_of_what_was_stored(live):
-    comm = await connect(await make_node())
-    assert (await say(comm, hello()))["type"] == "welcome"
+    comm = await agent.connect(await agent.make_node())
+    assert (await agent.say(comm, agent.hello()))["type"] == "welcome"
     assert (live.snapshot().agents_connected, live.snapshot().sockets["agent"]) == (1, 1)
-    assert (await say(comm, with_xids(samples(1), 1, [79, 48])))["type"] == "ack"
-    assert (await say(comm, samples(2)))["type"] == "ack"
+    assert (await agent.say(comm, with_xids(agent.samples(1), 1, [79, 48])))["type"] == "ack"
+    assert (await agent.say(comm, agent.samples(2)))["type"] == "ack"
     gpu1 = await database_sync_to_async(lambda: Gpu.objects.get(index=1).pk)()
     snap = live.snapshot()
     assert snap.xid_events == {gpu1: 2} and snap.last_xid == {gpu1: 48}
@@ -51,21 +44,21 @@ async def test_it_keeps_the_newest_reading_and_counts_xids_of_what_was_stored(li
 
 
 async def test_it_keeps_a_newer_reading_when_an_older_sample_is_stored_after_it(live):
-    comm = await connect(await make_node())
-    await say(comm, hello())
-    newer, older = samples(1), samples(2)
+    comm = await agent.connect(await agent.make_node())
+    await agent.say(comm, agent.hello())
+    newer, older = agent.samples(1), agent.samples(2)
     newer["t"], older["t"] = older["t"], newer["t"]
     newer["gpus"][0]["temp_c"] = 50
-    assert (await say(comm, newer))["type"] == "ack"
-    assert (await say(comm, older))["type"] == "ack"
+    assert (await agent.say(comm, newer))["type"] == "ack"
+    assert (await agent.say(comm, older))["type"] == "ack"
     gpu0 = await database_sync_to_async(lambda: Gpu.objects.get(index=0).pk)()
     assert live.snapshot().readings[gpu0].temp_c == 50
     await comm.disconnect()
 
 
 async def test_it_counts_a_refused_socket_only_while_it_is_open(live):
-    await make_node()
-    comm = await connect("lc_wrong")
+    await agent.make_node()
+    comm = await agent.connect("lc_wrong")
     assert json.loads(await comm.receive_from())["code"] == "unauthorized"
     assert live.snapshot().sockets["agent"] == 1 and live.snapshot().agents_connected == 0
     await comm.disconnect()  # the server's disconnect event after its close
