@@ -9,11 +9,14 @@ Like the ingest buffer it is per process: production runs one web process (docs/
 
 from __future__ import annotations
 
+import logging
 import time
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
 
 
 class StoredBatchItem(Protocol):
@@ -65,6 +68,12 @@ class LiveState:
 
     def record(self, batch: list[StoredBatchItem]) -> None:
         """Keep the newest row per GPU from a stored batch (a replayed older sample does not replace it)."""
+        try:
+            self._record(batch)
+        except Exception:  # a bug here must not keep the ingest buffer from acking what it stored
+            log.exception("live state for /metrics: a stored batch was not recorded")
+
+    def _record(self, batch: list[StoredBatchItem]) -> None:
         oldest = None
         for item in batch:
             if not item.rows:

@@ -212,3 +212,11 @@ def test_it_refuses_a_bad_scrape_setting_naming_it(monkeypatch, env, message):
 def test_it_keeps_only_the_tokens_digest(monkeypatch):
     monkeypatch.setenv("LAYERCAKE_METRICS_TOKEN", f"  {TOKEN}\n")
     assert layercake_settings.metrics_token_digest() == hashlib.sha256(TOKEN.encode()).hexdigest()
+
+
+def test_it_logs_a_batch_it_cannot_record_instead_of_failing_the_ingest_flush(caplog):
+    class Broken:
+        node_id, rows, sampled_at, xids = 1, [object()], time.time(), {}
+
+    telemetry.LiveState().record([Broken()])  # a row without gpu_id
+    assert "a stored batch was not recorded" in caplog.text
