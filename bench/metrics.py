@@ -74,11 +74,14 @@ def wait_for_samples(url: str, expected_gpus: int, timeout: float) -> None:
     raise TimeoutError(f"not every one of {expected_gpus} GPUs reported within {timeout} s")
 
 
-def wait_for_hellos(count: int, timeout: float) -> float:
+def wait_for_hellos(count: int, timeout: float, agents: subprocess.Popen, log: Path) -> float:
     from dashboard.models import Node
 
     began = time.monotonic()
     while Node.objects.filter(connected=True).count() < count:
+        if agents.poll() is not None:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+            raise RuntimeError(f"the agents' process ended ({agents.returncode}) before every hello:\n{tail}")
         if time.monotonic() - began > timeout:
             raise TimeoutError(f"not every one of {count} agents said hello within {timeout} s")
         time.sleep(1.0)
@@ -144,7 +147,7 @@ def run(args: argparse.Namespace) -> dict:
             tokens, _ = make_fleet(args.nodes)
             (log / "tokens").write_text("\n".join(tokens))
             agents = start_agents(args, url, log)
-            hellos_s = wait_for_hellos(args.nodes, timeout=600)
+            hellos_s = wait_for_hellos(args.nodes, 600, agents, log / "agents.log")
             cold = cold_scrape(url)
             (log / "ready").touch()
             wait_for_samples(url, args.nodes * args.gpus, timeout=120)
@@ -163,7 +166,8 @@ def start_agents(args: argparse.Namespace, url: str, log: Path) -> subprocess.Po
         "--tokens", str(log / "tokens"), "--ready-file", str(log / "ready"), "--agents", str(args.nodes),
         "--gpus", str(args.gpus), "--interval", str(args.interval), "--seconds", str(seconds),
     ]  # fmt: skip
-    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL)
+    with (log / "agents.log").open("ab") as out:
+        return subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
 
 
 def summarize(args: argparse.Namespace, cold: dict, scrapes: list[dict], hellos_s: float) -> dict:
