@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import os
+import shutil
+import subprocess
 import time
 
 import pytest
@@ -220,3 +223,21 @@ def test_it_logs_a_batch_it_cannot_record_instead_of_failing_the_ingest_flush(ca
 
     telemetry.LiveState().record([Broken()])  # a row without gpu_id
     assert "a stored batch was not recorded" in caplog.text
+
+
+PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
+
+
+def test_it_passes_promtools_naming_lint(transactional_db, live, scrape_settings):
+    """promtool (Debian's prometheus package) checks the text against Prometheus's naming conventions."""
+    if not os.path.exists(PROMTOOL):
+        pytest.skip(f"{PROMTOOL} is not installed (./test.sh installs Debian's prometheus when run as root)")
+    source = SimSource("a30x4")
+    node = Node.objects.create(name="a30-seed")
+    report(live, node, source, ingest.apply_hello(node, hello_of(source)), 1)
+    Alert.objects.create(key="stall:a", kind="stall", severity="critical", title="t", cause="c", remedy="r")
+    body = Client().get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).content
+    done = subprocess.run([PROMTOOL, "check", "metrics"], input=body, capture_output=True, timeout=60)
+    assert done.returncode == 0 and not done.stdout.strip() and not done.stderr.strip(), (
+        done.stdout + done.stderr
+    )
