@@ -25,6 +25,7 @@ from dashboard import browser_json, deploy, ingest, tasks
 from dashboard.choices import NodeStatus
 from dashboard.live import FLEET_GROUP, FleetFanout, agent_group, announce_node
 from dashboard.models import AgentToken, Node
+from dashboard.telemetry import LIVE
 
 CHANNEL_LAYER_TIMEOUT_S = 5.0  # a hello that waits longer on Redis is told to reconnect
 
@@ -41,6 +42,7 @@ def ingest_buffer() -> ingest.IngestBuffer:
     if loop not in _buffers:
         fanout = FleetFanout(settings.FANOUT_SECONDS)
         _buffers[loop] = ingest.IngestBuffer(queue_jobs=tasks.enqueue, listeners=[fanout.record])
+        LIVE.attach(_buffers[loop])  # /metrics reads the newest readings and the rows waiting
     return _buffers[loop]
 
 
@@ -65,6 +67,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         await self.accept()
+        LIVE.socket_opened("agent")
         token = await database_sync_to_async(AgentToken.authenticate_token)(bearer_token(self.scope))
         if token is None:
             await self.send(protocol.error("unauthorized", "unknown or revoked agent token"))
@@ -86,7 +89,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_add(agent_group(self.node.pk), self.channel_name)
 
     async def disconnect(self, code: int) -> None:
+        LIVE.socket_closed("agent")
         if self.node is not None:
+            if self.gpu_ids is not None and not self.replaced:
+                LIVE.agent_gone(self.node.pk)
             await self.channel_layer.group_discard(agent_group(self.node.pk), self.channel_name)
         if self.node is not None and self.gpu_ids is not None and not self.replaced:
             await database_sync_to_async(ingest.mark_disconnected)(self.node.pk)
@@ -150,6 +156,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 "hello_refused", f"the server could not store this hello: {exc}"
             ) from None
         self.node, self.accepted_seq, self.stored_seq = node, node.last_seq, node.last_seq
+        LIVE.agent_online(node.pk)
         self.accepted_at = watermark_moved.timestamp()
         await self.send(protocol.welcome(node.name, node.last_seq))
         for frame in await database_sync_to_async(deploy.desired_launches)(node):
@@ -179,7 +186,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     def enqueue(
         self, message: protocol.Samples | protocol.LogTail | protocol.DeploymentStatus | protocol.Metrics
     ) -> None:
-        rows, logs, report, sampled_at = [], [], None, 0.0
+        rows, logs, report, sampled_at, xids = [], [], None, 0.0, {}
         if isinstance(message, protocol.Samples):
             unknown = {s.index for s in message.gpus} - set(self.gpu_ids)
             if unknown:
@@ -187,6 +194,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                     "unknown_gpu", f"GPU index {sorted(unknown)} not announced in hello"
                 )
             rows, sampled_at = ingest.sample_rows(message, self.gpu_ids), message.t
+            xids = ingest.sample_xids(message, self.gpu_ids)
         elif isinstance(message, protocol.LogTail):
             logs = [ingest.log_row(message, self.node.pk, self.node.boot_id)]
         else:
@@ -201,6 +209,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             report,
             sampled_at,
             on_failed=self.not_stored,
+            xids=xids,
         )
         ingest_buffer().add(pending)
 
@@ -224,6 +233,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
 class FleetConsumer(AsyncWebsocketConsumer):
     """A logged-in browser's live feed: every fleet tick and node status change."""
 
+    counted: bool = False  # accepted, so counted among this process's browser sockets
+
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
@@ -231,8 +242,12 @@ class FleetConsumer(AsyncWebsocketConsumer):
             return
         await self.channel_layer.group_add(FLEET_GROUP, self.channel_name)
         await self.accept()
+        self.counted = True
+        LIVE.socket_opened("browser")
 
     async def disconnect(self, code: int) -> None:
+        if self.counted:
+            LIVE.socket_closed("browser")
         await self.channel_layer.group_discard(FLEET_GROUP, self.channel_name)
 
     async def fleet_update(self, event: dict) -> None:

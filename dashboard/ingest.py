@@ -159,6 +159,11 @@ def sample_rows(message: Samples, gpu_ids: dict[int, int]) -> list[SampleRow]:
     return [_sample_row(s, gpu_ids[s.index], t, message.seq) for s in message.gpus]
 
 
+def sample_xids(message: Samples, gpu_ids: dict[int, int]) -> dict[int, list[int]]:
+    """GPU id -> the XID codes of a samples message, for the GPUs that had any (nearly always none)."""
+    return {gpu_ids[s.index]: list(s.xids) for s in message.gpus if s.xids}
+
+
 def _sample_row(s: GpuReading, gpu_id: int, t: Any, seq: int) -> SampleRow:
     as_json = connection.ops.adapt_json_value
     return SampleRow(
@@ -232,6 +237,7 @@ class Pending:
     # Told when the item was not stored (`refused` or `retry` says why); without one it is only logged.
     on_failed: FailCallback | None = None
     refused: str = ""  # the database refused this item's data: it never will be stored
+    xids: dict[int, list[int]] = field(default_factory=dict)  # GPU id -> XID codes in these samples
     retry: bool = (
         False  # not stored for a passing reason (database unreachable): the agent must send it again
     )

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dashboard import alert_views, views
+from dashboard import alert_views, metrics_views, views
 
 urlpatterns = [
     path("", views.fleet_page, name="fleet"),
@@ -20,4 +20,5 @@ urlpatterns = [
     path("alerts/<int:pk>/", alert_views.alert_page, name="alert"),
     path("alerts/<int:pk>/acknowledge/", alert_views.alert_acknowledge, name="alert-acknowledge"),
     path("alerts/<int:pk>/replan/", alert_views.alert_replan, name="alert-replan"),
+    path("metrics", metrics_views.metrics, name="metrics"),
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
 import os
 import secrets
 from datetime import timedelta
@@ -299,6 +301,35 @@ WEBHOOK_READ_TIMEOUT_S = envfloat("WEBHOOK_READ_TIMEOUT_S", "5")
 # before its own alert opens, in case the others follow (Alertmanager's group_wait).
 NODE_LOST_GROUP_MIN = int(envfloat("NODE_LOST_GROUP_MIN", "5"))
 NODE_LOST_GROUP_WINDOW_S = envfloat("NODE_LOST_GROUP_WINDOW_S", "10")
+
+
+def metrics_token_digest(name: str = "LAYERCAKE_METRICS_TOKEN") -> str:
+    """The SHA-256 of the scrape token (the token itself is not kept), or "" when none is set."""
+    token = os.environ.get(name, "").strip()
+    if token and len(token) < 16:
+        raise ImproperlyConfigured(
+            f"{name} must be at least 16 characters (e.g. the output of {NEW_KEY_COMMAND}), not {len(token)}"
+        )
+    return hashlib.sha256(token.encode()).hexdigest() if token else ""
+
+
+def envnetworks(name: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """Comma-separated addresses or CIDR networks, e.g. "10.0.0.5, 192.168.0.0/24, ::1"."""
+    networks = []
+    for item in envlist(name):
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"{name}: {item!r} is not an IP address or network (e.g. 10.0.0.5 or 10.0.0.0/24)"
+            ) from None
+    return networks
+
+
+# /metrics (Prometheus): a scrape gets in with this bearer token or from an address in these networks; anything
+# else gets 401 (no or a wrong token) or 403. With neither set, /metrics is closed.
+METRICS_TOKEN_SHA256 = metrics_token_digest()
+METRICS_ALLOW = envnetworks("LAYERCAKE_METRICS_ALLOW")
 
 LOGGING = {
     "version": 1,

@@ -225,7 +225,7 @@ def p2p_label(model: GpuModel, link: str, mode: str) -> str:
 
 
 class SimSource(GpuSource, LoadAware):
-    """Simulated GPUs from a spec; `set_load` and `inject_xid` let tests and demos drive them."""
+    """Simulated GPUs from a spec; `set_load`, `inject_xid` and `inject_ecc_errors` let tests and demos drive them."""
 
     kind = "sim"
     simulated = True
@@ -277,6 +277,16 @@ class SimSource(GpuSource, LoadAware):
             raise ValueError(f"XID code must be a positive integer, got {code!r}")
         self._gpu(index).xids.append(code)
 
+    def inject_ecc_errors(self, index: int, corrected: int = 0, uncorrected: int = 0) -> None:
+        """Add to a GPU's volatile ECC error counts (an ECC-capable model only), as the driver would count them."""
+        gpu = self._gpu(index)
+        if not gpu.model.ecc:
+            raise ValueError(f"GPU {index} ({gpu.model.name}) has no ECC memory")
+        if min(corrected, uncorrected) < 0:
+            raise ValueError(f"ECC error counts only grow: got {corrected}, {uncorrected}")
+        gpu.ecc_corrected += corrected
+        gpu.ecc_uncorrected += uncorrected
+
     def _gpu(self, index: int) -> SimulatedGpu:
         if not 0 <= index < len(self._gpus):
             raise ValueError(f"no simulated GPU {index}: this source has GPUs 0-{len(self._gpus) - 1}")
@@ -315,6 +325,7 @@ class SimulatedGpu:
         self.pinned_util: float | None = None
         self.pinned_mem: float | None = None
         self.xids: deque[int] = deque()
+        self.ecc_corrected = self.ecc_uncorrected = 0  # volatile counts since the (simulated) driver loaded
 
     def info(self) -> GpuInfo:
         return GpuInfo(
@@ -359,8 +370,8 @@ class SimulatedGpu:
             mem_clock_mhz=model.mem_clock_mhz[1] if util >= 1 else model.mem_clock_mhz[0],
             throttle_reasons=(REASON_GPU_IDLE if util < 1 else 0)
             | (REASON_SW_POWER_CAP if power >= 0.97 * model.tdp_w else 0),
-            ecc_corrected=0 if model.ecc else None,
-            ecc_uncorrected=0 if model.ecc else None,
+            ecc_corrected=self.ecc_corrected if model.ecc else None,
+            ecc_uncorrected=self.ecc_uncorrected if model.ecc else None,
             xids=[self.xids.popleft() for _ in range(min(len(self.xids), MAX_XIDS_PER_SAMPLE))],
             processes=self._processes(mem_used),
         )

@@ -172,6 +172,7 @@ def test_it_reports_an_idle_gpu_without_processes():
         (lambda s: s.set_load(0, util=101), "utilization must be 0-100"),
         (lambda s: s.set_load(0, mem_used_mib=30000), "memory used must be 0-24576"),
         (lambda s: s.inject_xid(0, 0), "positive integer"),
+        (lambda s: s.inject_ecc_errors(0, corrected=-1), "only grow"),
     ],
 )
 def test_it_rejects_impossible_load(call, message):
@@ -187,6 +188,24 @@ def test_it_reports_injected_xids_once_on_their_gpu():
     assert first[3].xids == [79, 43]
     assert all(s.xids == [] for i, s in enumerate(first) if i != 3)
     assert source.sample()[3].xids == []
+
+
+def test_it_counts_injected_ecc_errors_on_their_gpu_from_then_on():
+    source = SimSource("a30x4")
+    assert source.sample()[1].ecc_corrected == 0
+    source.inject_ecc_errors(1, corrected=3, uncorrected=1)
+    source.inject_ecc_errors(1, corrected=2)
+    for _ in range(2):
+        readings = source.sample()
+        assert (readings[1].ecc_corrected, readings[1].ecc_uncorrected) == (5, 1)
+        assert (readings[0].ecc_corrected, readings[0].ecc_uncorrected) == (0, 0)
+
+
+def test_it_refuses_ecc_errors_on_a_gpu_without_ecc():
+    source = SimSource("rtx4090x2")
+    with pytest.raises(ValueError, match="has no ECC memory"):
+        source.inject_ecc_errors(0, corrected=1)
+    assert source.sample()[0].ecc_corrected is None
 
 
 def test_it_builds_a_custom_spec_from_a_topology_file(tmp_path):

@@ -1,0 +1,34 @@
+"""`/metrics` for Prometheus: the access check (scrape_access) and the rendering (exporter) are elsewhere."""
+
+from __future__ import annotations
+
+import logging
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.http import require_safe
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+from dashboard.exporter import RENDERER
+from dashboard.scrape_access import check_scrape
+from dashboard.telemetry import LIVE
+
+log = logging.getLogger(__name__)
+
+
+@require_safe
+async def metrics(request: HttpRequest) -> HttpResponse:
+    verdict = check_scrape(request.META.get("REMOTE_ADDR", ""), request.headers.get("Authorization", ""))
+    if verdict.status != 200:
+        log.warning("/metrics refused to %s: %s", request.META.get("REMOTE_ADDR", "?"), verdict.reason)
+        response = HttpResponse(f"{verdict.reason}\n", status=verdict.status, content_type="text/plain")
+        if verdict.challenge:
+            response["WWW-Authenticate"] = verdict.challenge
+        return response
+    live = LIVE.snapshot()  # on the event loop that records into it
+    # In a thread of its own: the ingest buffer's writes keep asgiref's one sync thread.
+    text, cpu_s = await sync_to_async(RENDERER.render, thread_sensitive=False)(live)
+    LIVE.scraped(cpu_s)
+    return HttpResponse(
+        text, content_type=CONTENT_TYPE_PLAIN_0_0_4
+    )  # what generate_latest writes; Prometheus 2 reads it
