@@ -240,7 +240,7 @@ def test_it_says_it_is_simulated(start_sim) -> None:
         ),
         ("/v1/chat/completions", {"messages": []}, 400, "messages must be a non-empty list"),
         ("/v1/completions", "not json", 400, "request body is not JSON"),
-        ("/sim/fault", {"fault": "crash"}, 400, "fault must be one of none, stall at run time"),
+        ("/sim/fault", {"fault": "crash"}, 400, "fault must be one of none, stall, idle-hang at run time"),
     ],
 )
 def test_it_refuses_bad_requests(start_sim, path, body, status, message) -> None:
