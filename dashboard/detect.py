@@ -27,6 +27,7 @@ XID_QUIET_MINUTES = 30
 SCRAPED = (DeploymentState.READY, DeploymentState.SERVING)  # the agent scrapes metrics only in these states
 UNLOADING = PHASES["stopping"]
 INCIDENT = "nodes-lost"  # the kind of the alert that groups many lost nodes
+HUNG_IDLE = "hung-idle"  # a canary probe failed: the server hangs though nobody uses it
 EVIDENCE_REFRESH_S = 15.0
 # Log tails as last read and scanned, per deployment, with the newest chunk they include (this process only).
 LOG_TAILS: dict[str, tuple[int | None, list[str], LogScanner]] = {}
@@ -85,6 +86,7 @@ def deployment_problems(d: Deployment, now: datetime, settled: frozenset[str] = 
             startup_overdue(d, now, verdict, lines),
             crashed(d, verdict, lines),
             unload_stuck(d, now, lines),
+            hung_idle(d, now, lines),
         )
         if p
     ]
@@ -310,6 +312,65 @@ def counters_current(d: Deployment, now: datetime) -> bool:
     window = d.node.stale_after()
     scraped_ago = now.timestamp() - d.last_counters_t
     return now - d.node.last_seen <= window and scraped_ago <= window.total_seconds() + CLOCK_SLACK_S
+
+
+def hung_idle(d: Deployment, now: datetime, lines: list[str]) -> Problem | None:
+    """The newest canary probe failed while the server runs: it hangs though nobody uses it (agents/canary.py).
+    A later probe that answers resolves it; so does no newer probe for two probe periods (the agent stops
+    probing once real requests run, and a stuck request is then the stall rule's)."""
+    probe = d.last_probe
+    if not d.probes_enabled or not probe or probe["ok"] or d.state not in SCRAPED:
+        return None
+    period = d.probe_interval_s + d.probe_timeout_s
+    if now.timestamp() - probe["t"] > 2 * period + CLOCK_SLACK_S:
+        return None
+    health = health_said(probe)
+    title = (
+        f"{d.name} on {d.node.name}: hung while idle (a {d.probe_timeout_s:g} s canary probe failed: "
+        f"{probe['error'][:80]}; {health})"
+    )
+    evidence = {
+        "probe": {k: probe.get(k) for k in ("t", "elapsed_s", "timeout_s", "idle_s", "error")},
+        "health": {k: probe.get(k) for k in ("health_status", "health_s", "health_body")},
+        "log": lines[-40:],
+    }
+    cause, remedy = hung_idle_cause(d, probe)
+    return Problem(f"{HUNG_IDLE}:{d.pk}", HUNG_IDLE, title, cause, remedy, evidence)
+
+
+def health_said(probe: dict[str, Any]) -> str:
+    status, took = probe.get("health_status"), probe.get("health_s")
+    if status is None:
+        return "/health did not answer either" + (f" within {took:g} s" if took else "")
+    return f"/health answered {status}" + (f" in {took:.2f} s" if took is not None else "")
+
+
+def hung_idle_cause(d: Deployment, probe: dict[str, Any]) -> tuple[str, str]:
+    idle = f"It had served nothing for {probe.get('idle_s', 0):.0f} s, so no user's request showed it yet."
+    if probe.get("health_status") is None:
+        cause = (
+            "The server's process runs but answers nothing, not even its health check: it is frozen "
+            f"(stopped, swapping, or blocked in the kernel or a driver call). {idle}"
+        )
+    elif probe["health_status"] == 200:
+        cause = (
+            "The server says it is healthy but does not generate: its engine is stuck while the API process "
+            "lives on (for example tensor-parallel ranks deadlocked in a collective, which vLLM has no "
+            f"watchdog for: vllm-project/vllm#48720). {idle}"
+        )
+    else:
+        cause = f"The server fails its health check ({probe['health_status']}) and does not generate. {idle}"
+    weak = weak_tp_links(d)
+    remedy = (
+        f"Capture `py-spy dump --pid {d.pid or '<pid>'}` of the server and its workers, then restart the "
+        "deployment. The alert resolves when a probe answers again."
+        + (
+            f" The TP group spans {weak} without P2P: consider NCCL_P2P_DISABLE=1 or a re-plan."
+            if weak
+            else ""
+        )
+    )
+    return cause, remedy
 
 
 def log_signature(
@@ -556,7 +617,7 @@ def fleet_problems(now: datetime | None = None) -> tuple[list[Problem], set[str]
     deployments = list(fleet_queryset())
     for d in deployments:
         problems += deployment_problems(d, now, settled)
-        judged |= {f"{kind}:{d.pk}" for kind in ("stall", "startup", "crashed", "log")}
+        judged |= {f"{kind}:{d.pk}" for kind in ("stall", "startup", "crashed", "log", HUNG_IDLE)}
         if d.state not in SCRAPED or counters_current(
             d, now
         ):  # stale counters: leave the unload alert as it is
