@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
+from agents import xids
 from agents.logscan import PHASES, LogScanner, Verdict
 from dashboard.choices import DeploymentState, DesiredState
 from dashboard.fleet import log_tail
@@ -34,30 +35,6 @@ LOG_TAILS: dict[str, tuple[int | None, list[str], LogScanner]] = {}
 # A scrape's time is the agent's clock, `now` the server's: hosts drift apart by seconds, so a scrape counts as
 # recent for this long beyond the node's stale window (the node's own silence is judged on the server's clock).
 CLOCK_SLACK_S = 30.0
-
-XID_MEANINGS = {
-    13: (
-        "Graphics engine exception",
-        "usually the application or driver: check the server's log for an illegal access",
-    ),
-    31: ("GPU memory page fault", "usually an application bug (illegal address); restart the server"),
-    43: ("GPU stopped processing", "the GPU hung; restart the application, reset the GPU if it recurs"),
-    48: (
-        "Double-bit ECC error",
-        "uncorrectable memory error: drain the node, reset the GPU, replace it if it recurs",
-    ),
-    79: (
-        "GPU has fallen off the bus",
-        "the GPU is gone from PCIe: cold reboot the node; check power, riser, seating",
-    ),
-    94: ("Contained ECC error", "restart the application that hit it; other processes may keep running"),
-    95: ("Uncontained ECC error", "reset the GPU (all processes on it are affected)"),
-    119: (
-        "GSP RPC timeout",
-        "the GPU firmware stopped answering: reset the GPU or reboot; update the driver",
-    ),
-}
-
 
 @dataclass
 class Problem:
@@ -584,18 +561,17 @@ def xid_problems(nodes: list[Node], now: datetime) -> list[Problem]:
     by_id = {n.pk: n for n in nodes}
     seen: dict[tuple[int, int, int], datetime] = {}
     rows = GpuSample.objects.filter(gpu__node_id__in=by_id, t__gte=now - timedelta(minutes=XID_QUIET_MINUTES))
-    for node_id, index, t, xids in rows.exclude(xids=[]).values_list(
+    for node_id, index, t, codes in rows.exclude(xids=[]).values_list(
         "gpu__node_id", "gpu__index", "t", "xids"
     ):
-        for code in xids:
-            seen[(node_id, index, code)] = max(seen.get((node_id, index, code), t), t)
+        for code in codes:
+            if xids.is_failure(code):  # 63, 64, 92 only inform
+                seen[(node_id, index, code)] = max(seen.get((node_id, index, code), t), t)
     return [xid_problem(by_id[node_id], index, code, t) for (node_id, index, code), t in sorted(seen.items())]
 
 
 def xid_problem(node: Node, index: int, code: int, t: datetime) -> Problem:
-    meaning, remedy = XID_MEANINGS.get(
-        code, ("NVIDIA driver error", "look the code up in NVIDIA's XID catalog")
-    )
+    meaning, remedy = xids.describe(code)
     return Problem(
         f"xid:{node.pk}:{index}:{code}",
         "xid",
@@ -603,7 +579,7 @@ def xid_problem(node: Node, index: int, code: int, t: datetime) -> Problem:
         f"The driver reported XID {code}: {meaning}.",
         remedy[0].upper() + remedy[1:] + ".",
         {"gpu": index, "xid": code, "last_seen": t.isoformat()},
-        severity="critical" if code in (48, 79, 95, 119) else "warning",
+        severity="critical" if code in xids.CRITICAL else "warning",
         node=node,
     )
 
