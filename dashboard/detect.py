@@ -36,6 +36,7 @@ LOG_TAILS: dict[str, tuple[int | None, list[str], LogScanner]] = {}
 # recent for this long beyond the node's stale window (the node's own silence is judged on the server's clock).
 CLOCK_SLACK_S = 30.0
 
+
 @dataclass
 class Problem:
     key: str
