@@ -594,25 +594,28 @@ class Supervisor:
     # ---- canary probes (agents/canary.py) ----
     def _canary(self, current: RunningServer) -> None:
         clock, now = current.canary, asyncio.get_running_loop().time()
-        if clock.task is not None and clock.task.done():
-            self._probe_done(current, now)
-        elif clock.due(now) and current.serves_api:
+        if clock.due(now) and current.serves_api:
             clock.task = asyncio.create_task(self._probe(current, clock.idle_for(now)))
+            clock.task.add_done_callback(lambda task: self._probe_done(current, task))
 
     async def _probe(self, current: RunningServer, idle_s: float) -> ProbeOutcome:
-        url, body = current.adapter.canary_request(current.admitted, current.port, self.host)
-        body = {**body, **canary.completion_body(body["model"], current.canary.settings)}
+        url, model = current.adapter.canary_request(current.admitted, current.port, self.host)
+        body = canary.completion_body(model, current.canary.settings)
         health = current.adapter.health_url(current.port, self.host)
         return await canary.probe(http_call, url, body, health, current.canary.settings, idle_s)
 
-    def _probe_done(self, current: RunningServer, now: float) -> None:
-        task = current.canary.task
-        try:
-            outcome = task.result()
-        except Exception as exc:  # a bug in the probe must not end the watch; the next one tries again
-            log.error("deployment %s: canary probe failed to run: %r", current.id, exc)
+    def _probe_done(self, current: RunningServer, task: asyncio.Task) -> None:
+        """Reported as soon as the probe ends (not at the next poll, which may wait on a frozen server)."""
+        now = asyncio.get_running_loop().time()
+        if task.cancelled() or current.finished:
+            return
+        if (
+            task.exception() is not None
+        ):  # a bug in the probe must not end the watch; the next one tries again
+            log.error("deployment %s: canary probe failed to run: %r", current.id, task.exception())
             current.canary.task, current.canary.next_at = None, now + current.canary.settings.interval_s
             return
+        outcome = task.result()
         current.canary.record(outcome, now)
         log.log(
             logging.INFO if outcome.ok else logging.WARNING,

@@ -96,10 +96,10 @@ class Adapter(ABC):
     def metrics_url(self, port: int, host: str = LOOPBACK) -> str | None:
         return f"http://{url_host(host)}:{port}{self.metrics_path}" if self.metrics_path else None
 
-    def canary_request(self, launch: Launch, port: int, host: str = LOOPBACK) -> tuple[str, dict]:
+    def canary_request(self, launch: Launch, port: int, host: str = LOOPBACK) -> tuple[str, str]:
         """Where a canary probe's completion goes, and the model name its body must carry."""
         model = launch.options.served_model_name or launch.model
-        return f"http://{url_host(host)}:{port}{self.canary_path}", {"model": model}
+        return f"http://{url_host(host)}:{port}{self.canary_path}", model
 
     def counters(self, body: str) -> ServerCounters:
         """Turn a metrics response into counters (Prometheus text exposition unless overridden)."""

@@ -202,3 +202,28 @@ async def test_it_finds_the_real_llama_cpp_engine_frozen_with_sigstop_while_idle
     after = len(seen.probes)
     await poll_until(supervisor, lambda: len(seen.probes) > after and seen.probes[-1].ok, 30, "recovery")
     await supervisor.handle(protocol.Stop(type="stop", v=1, deployment="llama-1"))
+
+
+def test_it_refuses_canary_settings_and_probe_reports_out_of_bounds_naming_the_field() -> None:
+    def canary(**settings) -> str:
+        return json.dumps({"type": "canary", "v": 1, "deployment": "d-1", "canary": settings})
+
+    with pytest.raises(protocol.ProtocolError, match=r"canary\.timeout_s"):
+        protocol.parse_server_command(canary(timeout_s=0))
+    with pytest.raises(protocol.ProtocolError, match=r"canary\.max_tokens"):
+        protocol.parse_server_command(canary(max_tokens=5))
+    assert protocol.parse_server_command(canary()).canary == CanarySettings()  # old peers: the defaults
+    report = {
+        "type": "probe",
+        "v": 1,
+        "seq": 1,
+        "t": 1.7e9,
+        "deployment": "d-1",
+        "ok": False,
+        "timeout_s": 10,
+    }
+    with pytest.raises(protocol.ProtocolError, match="elapsed_s"):
+        protocol.parse_agent_message(json.dumps({**report, "elapsed_s": -1}))
+    with pytest.raises(protocol.ProtocolError, match="health_status"):
+        protocol.parse_agent_message(json.dumps({**report, "elapsed_s": 10, "health_status": 999}))
+    assert protocol.parse_agent_message(json.dumps({**report, "elapsed_s": 10})).health_status is None
