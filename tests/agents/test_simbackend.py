@@ -397,6 +397,29 @@ def test_it_stalls_and_resumes_by_post(start_sim) -> None:
 
 
 @pytest.mark.slow
+def test_it_answers_health_and_metrics_but_never_generates_while_idle_hung(start_sim) -> None:
+    sim = start_sim("--fault", "idle-hang")
+    assert httpx.get(f"{sim.url}/health", timeout=5).status_code == 200
+    assert httpx.get(f"{sim.url}/sim/fault", timeout=5).json() == {"fault": "idle-hang", "simulated": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{sim.url}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}, timeout=1
+        )
+    held = Stream(sim, {"prompt": "Hello", "max_tokens": 3}).start()
+    time.sleep(0.3)
+    c = sim.counters()
+    assert (c.requests_running, c.requests_waiting, c.generation_tokens_total) == (
+        0,
+        0,
+        0,
+    )  # the engine saw none
+    assert held.tokens == []
+    assert httpx.post(f"{sim.url}/sim/fault", json={"fault": "none"}, timeout=5).json()["fault"] == "none"
+    assert len(held.finish().tokens) == 3  # released, served
+    assert sim.complete(2)["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.slow
 def test_it_hangs_in_nccl_init(start_sim) -> None:
     sim = start_sim("--tp", "2", "--fault", "nccl-init-hang", ready=False)
     wait_for(lambda: "via P2P/CUMEM" in sim.log(), 10, "the NCCL channel lines")
