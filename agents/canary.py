@@ -19,7 +19,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from agents.protocol import CanarySettings, ServerCounters
 
@@ -43,6 +43,14 @@ class ProbeOutcome:
     health_status: int | None = None
     health_s: float | None = None
     health_body: str = ""
+    answered: bool = False  # the server answered the completion (maybe too late, or with an error)
+
+    @property
+    def reported(self) -> dict:
+        """The fields a protocol.Probe carries (prompt tokens and `answered` stay with the agent)."""
+        fields = asdict(self)
+        del fields["prompt_tokens"], fields["answered"]
+        return fields
 
 
 def completion_body(model: str, settings: CanarySettings) -> dict:
@@ -82,8 +90,9 @@ async def probe(
     answer = await completion
     elapsed = time.monotonic() - started
     used = usage_of(answer[1]) if answer is not None and answer[0] == 200 else None
-    if used is not None and used[0] >= 1 and elapsed <= timeout:
-        return ProbeOutcome(True, elapsed, timeout, idle_s, tokens=used[0], prompt_tokens=used[1])
+    tokens, prompt_tokens = used or (0, 0)
+    if tokens >= 1 and elapsed <= timeout:
+        return ProbeOutcome(True, elapsed, timeout, idle_s, tokens, prompt_tokens, answered=True)
     if health is None:  # the completion failed at once: what does the health endpoint say now?
         health = await ask_health(http_call, health_url, health_timeout)
     status, health_s, health_body = health
@@ -92,6 +101,9 @@ async def probe(
         elapsed,
         timeout,
         idle_s,
+        tokens,
+        prompt_tokens,
+        answered=answer is not None,
         error=failure_text(answer, timeout, elapsed),
         health_status=status,
         health_s=health_s,
@@ -173,12 +185,13 @@ class CanaryClock:
         """A probe ended: count what it added, and schedule the next one."""
         self.task = None
         self.next_at = now + self.settings.interval_s
-        if outcome.ok:
+        if outcome.answered:  # its tokens and its request are in the server's counters now
             self.tokens += outcome.tokens
             self.prompt_tokens += outcome.prompt_tokens
             self.requests += 1
+        if outcome.ok:
             self.hanging = 0
-        else:
+        elif not outcome.answered:
             self.hanging = min(self.hanging + 1, 1000)
 
     def became_ready(self, now: float) -> None:

@@ -15,7 +15,7 @@ import random
 import socket
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import websockets
@@ -205,7 +205,7 @@ class Agent:
 
     def emit_probe(self, deployment: str, outcome: ProbeOutcome) -> None:
         now = time.time()
-        fields = {k: v for k, v in asdict(outcome).items() if k != "prompt_tokens"}
+        fields = outcome.reported
         self.outbox.add(
             lambda seq: protocol.dump(
                 protocol.Probe(

@@ -93,7 +93,7 @@ def set_fault(server: RunningServer, fault: str) -> None:
 # ---- the clock, without servers -------------------------------------------------------------------------
 def test_it_takes_answered_probes_out_of_the_counters_and_hanging_ones_out_of_the_gauges() -> None:
     clock = CanaryClock(FAST, active_at=0.0)
-    clock.record(ProbeOutcome(True, 0.1, 1.0, 5.0, tokens=2, prompt_tokens=4), now=1.0)
+    clock.record(ProbeOutcome(True, 0.1, 1.0, 5.0, tokens=2, prompt_tokens=4, answered=True), now=1.0)
     raw = ServerCounters(generation_tokens_total=2, prompt_tokens_total=4, requests_finished_total=1)
     seen = clock.adjusted(raw, now=1.1)
     assert (seen.generation_tokens_total, seen.prompt_tokens_total, seen.requests_finished_total) == (0, 0, 0)
@@ -103,12 +103,22 @@ def test_it_takes_answered_probes_out_of_the_counters_and_hanging_ones_out_of_th
     assert clock.active_at == 0.0  # probes are not use
     real = clock.adjusted(raw.model_copy(update={"generation_tokens_total": 12.0}), now=4.0)
     assert real.generation_tokens_total == 10 and clock.active_at == 4.0
+    late = ProbeOutcome(
+        False, 1.4, 1.0, 0.0, tokens=2, prompt_tokens=4, answered=True, error="answered after"
+    )
+    clock.record(late, now=5.0)  # too late is a failure, but its tokens are in the counters all the same
+    assert (
+        clock.adjusted(
+            raw.model_copy(update={"generation_tokens_total": 14.0}), now=5.1
+        ).generation_tokens_total
+        == 10
+    )
 
 
 def test_it_is_due_only_when_enabled_idle_long_enough_and_after_the_interval() -> None:
     clock = CanaryClock(FAST, active_at=10.0)
     assert not clock.due(10.2) and clock.due(10.3)
-    clock.record(ProbeOutcome(True, 0.1, 1.0, 0.3, tokens=1), now=10.4)
+    clock.record(ProbeOutcome(True, 0.1, 1.0, 0.3, tokens=1, answered=True), now=10.4)
     assert not clock.due(11.8) and clock.due(11.9)
     clock.settings = FAST.model_copy(update={"enabled": False})
     assert not clock.due(100.0)
