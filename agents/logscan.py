@@ -17,6 +17,12 @@ How a verdict is reached
   judged per engine: decoding (generation >= MIN_DECODE_RATE), prefill (prompt > 0 but little
   generation: healthy, never a stall), idle (nothing running or waiting: healthy) or stalled.
   Two stalled lines in a row from one engine are a hang.
+* Tracebacks. One that an engine or worker module logs at ERROR is a failure whenever it comes; one from
+  any other module counts only while the server starts (``startup_only``), even when the log ends before
+  the exception line, and its frames say the phase (distributed init, weight loading, warm-up). One from
+  the API server's request handling (serving_*.py, api_server.py, ...) is a bad request, never a failure.
+* Kernel Xid lines pasted with the log are failures with the meaning from ``agents.xids`` (the table the
+  NVML path uses too); the informational ones (63, 64, 92) are not.
 * Silence. ``PHASES`` gives each phase the longest stretch without progress it may have. The time
   without progress is measured from the last progress line to the newest timestamp in the log, plus
   ``silent_for`` (how long nothing has been printed at all). Heartbeats (health/status polls, vLLM's
@@ -44,8 +50,10 @@ import json
 import math
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
+
+from agents import xids
 
 HEALTHY, HANG, FAILURE = "healthy", "hang", "failure"
 BACKENDS = ("vllm", "sglang", "llamacpp", "ollama", "nccl")
@@ -169,6 +177,7 @@ class Rule:
     repeat: int = 1  # occurrences from one process before it counts...
     busy_confirms: bool = False  # ...or one occurrence while requests are in flight
     startup_only: bool = False  # ignored once the server is idle or serving
+    enrich: Callable[[dict[str, str | None]], dict[str, str]] | None = None  # more values for the texts
 
 
 def _rx(pattern: str, flags: int = 0) -> re.Pattern[str]:
@@ -176,6 +185,20 @@ def _rx(pattern: str, flags: int = 0) -> re.Pattern[str]:
 
 
 VLLM, SGLANG, LLAMACPP, OLLAMA = ("vllm",), ("sglang",), ("llamacpp",), ("ollama",)
+# vLLM's engine and worker modules: a traceback they log is the engine's own failure, whenever it comes.
+ENGINE_MODULES = (
+    "core|engine|llm_engine|async_llm_engine|multiproc_worker_utils|multiproc_executor|worker_base|"
+    "gpu_worker|worker"
+)
+# The API server's request handling: a traceback there is one bad request; the server keeps serving.
+API_MODULES = r"serving_\w+|api_server|api_router|launcher|chat_utils|protocol|logger"
+FRAME = r'File "[^"]*", line \d+, in '
+
+
+def _xid_values(values: dict[str, str | None]) -> dict[str, str]:
+    meaning, advice = xids.describe(int(values["code"] or 0))
+    return {"xid_meaning": meaning, "xid_advice": advice[0].upper() + advice[1:]}
+
 
 # Order matters only for phases: the first matching rule that names a phase sets it.
 RULES: tuple[Rule, ...] = (
@@ -230,6 +253,63 @@ RULES: tuple[Rule, ...] = (
         FAILURE,
         phase="stopped",
         backends=LLAMACPP + OLLAMA,
+    ),
+    Rule(
+        "no-kv-cache-room",
+        _rx(r"# GPU blocks: 0\b|GPU KV cache size: 0 tokens|No available memory for the cache blocks"),
+        "No GPU memory is left for the KV cache once the weights are loaded (0 blocks): the server cannot "
+        "hold a single request and fails at startup, even when its traceback comes later or on stderr.",
+        "Give the KV cache room: raise --gpu-memory-utilization, lower --max-model-len or --max-num-seqs, use a "
+        "smaller quantisation, free the GPU of other processes, or spread the model over more GPUs.",
+        FAILURE,
+        backends=VLLM,
+    ),
+    Rule(
+        "unsupported-architecture",
+        _rx(
+            r"Error in inspecting model architecture '(?P<arch>[^']+)'|"
+            r"Model architectures? \[(?P<archs>[^\]]*)\] (?:are|is) not supported"
+        ),
+        "The server cannot run this model's architecture ({architecture}): it is not supported by this version, "
+        "or its model code failed to import (a missing or mismatched package; the traceback says which).",
+        "Check the model's architectures in config.json against the server's supported models; upgrade the "
+        "server, fix the import error shown in the traceback, or choose another backend.",
+        FAILURE,
+        phase="stopped",
+        enrich=lambda values: {"architecture": values.get("arch") or values.get("archs") or "unknown"},
+    ),
+    Rule(
+        "ray-placement-group-refused",
+        _rx(r"ValueError: The number of required GPUs exceeds the total number of available GPUs"),
+        "The Ray cluster has fewer GPUs than the plan needs (tensor x pipeline parallel); the engine refused to "
+        "start.",
+        "Check `ray status`: start the missing nodes (each with its GPUs), or lower tensor/pipeline parallelism "
+        "to the GPUs the cluster has.",
+        FAILURE,
+        phase="stopped",
+    ),
+    Rule(
+        "kernel-xid",
+        _rx(
+            r"NVRM: Xid \((?P<pci>[^)]*)\): (?!(?:"
+            + "|".join(map(str, sorted(xids.INFORMATIONAL)))
+            + r")\b)(?P<code>\d+)"
+        ),
+        "The NVIDIA driver reported Xid {code} on the GPU at {pci}: {xid_meaning}.",
+        "{xid_advice}.",
+        FAILURE,
+        enrich=_xid_values,
+    ),
+    Rule(
+        "worker-method-error",
+        _rx(r"Error executing method '?(?P<method>\w+)'?\. This might cause deadlock"),
+        "A worker raised an exception in {method}. The other ranks wait for it in a collective, so the engine "
+        "hangs (the deadlock the line warns of) rather than exiting.",
+        "The worker's traceback after this line (or the error before it) names the cause: in init_device it is "
+        "GPU or NCCL/Gloo setup (NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, reachability of the other nodes), in "
+        "load_model the weights or memory. Fix it and restart the deployment.",
+        FAILURE,
+        backends=VLLM,
     ),
     Rule(
         "host-oom-kill",
@@ -302,6 +382,41 @@ RULES: tuple[Rule, ...] = (
         backends=SGLANG,
     ),
     Rule(
+        "ray-placement-group-waiting",
+        _rx(r"Waiting for creating a placement group of specs for (?P<secs>[7-9]\d|[1-9]\d{2,}) seconds"),
+        "Ray has waited {secs} s for a placement group it cannot create: the GPUs the plan needs are not in "
+        "the Ray cluster (a node never joined, or its GPUs are taken). vLLM repeats this line with a growing "
+        "count (10, 30, 70, 150 s ...); it is not progress, the startup hangs here.",
+        "Run `ray status`: check that every node joined with its GPUs and that VLLM_HOST_IP matches the address "
+        "Ray uses on each node; or lower tensor/pipeline parallelism to the GPUs present.",
+        HANG,
+        phase="starting",
+    ),
+    Rule(
+        "ray-placement-group-too-small",
+        _rx(r"(?<!ValueError: )The number of required GPUs exceeds the total number of available GPUs"),
+        "The Ray cluster has fewer GPUs than the plan needs; vLLM waits for more to join instead of failing, "
+        "so the startup hangs until a node brings them.",
+        "Check `ray status` and start the missing nodes, or lower tensor/pipeline parallelism to the GPUs the "
+        "cluster has.",
+        HANG,
+        phase="starting",
+    ),
+    Rule(
+        "ollama-request-timeout",
+        _rx(
+            r'\[GIN\][^|]*\|\s*5\d\d\s*\|\s*(?P<took>\d+h\d+m[\d.]+s|[1-5]\dm[\d.]+s)\s*\|[^"]*'
+            r'POST\s+"/(?:api/(?:chat|generate)|v1/(?:chat/)?completions)"'
+        ),
+        # ten minutes at least: a request that waited for a model load ends after OLLAMA_LOAD_TIMEOUT (5 min),
+        # which is ollama-load-timeout's finding
+        "A chat/generate request ended with a server error after {took}: it hung, it was not served.",
+        "The runner stopped generating: look for a stuck runner in `ollama ps` and GPU utilisation, restart "
+        "the Ollama service, and check the model fits in VRAM (partial CPU offload can crawl).",
+        HANG,
+        backends=OLLAMA,
+    ),
+    Rule(
         "ollama-load-timeout",
         _rx(r"timed out waiting for llama runner to start(?: - progress (?P<progress>[\d.]+))?"),
         "Ollama's runner did not finish loading within OLLAMA_LOAD_TIMEOUT (progress {progress}).",
@@ -366,8 +481,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "engine-traceback",
         _rx(
-            r"(?:ERROR|CRITICAL)\b.*?\b(?:core|engine|llm_engine|async_llm_engine|multiproc_worker_utils|"
-            r"multiproc_executor|worker_base|gpu_worker|worker)\.py:\d+\]\s+(?:Traceback \(most recent|File \")"
+            rf"(?:ERROR|CRITICAL)\b.*?\b(?:{ENGINE_MODULES})\.py:\d+\]\s+(?:Traceback \(most recent|File \")"
         ),
         "The engine or a worker process logged a Python traceback: it raised an exception and stopped.",
         "The last line of the traceback names the error; fix that (memory, NCCL, model files or options) "
@@ -375,6 +489,20 @@ RULES: tuple[Rule, ...] = (
         FAILURE,
         root=False,
         backends=VLLM,
+    ),
+    Rule(
+        "startup-traceback",
+        _rx(
+            rf"(?:ERROR|CRITICAL)\b.*?\b(?!(?:{ENGINE_MODULES}|{API_MODULES})\.py)\w+\.py:\d+\]\s+"
+            r"(?:Traceback \(most recent|File \")"
+        ),
+        "A Python traceback was logged at ERROR level while the server was starting: a part of it raised, even "
+        "if the log ends before the exception line.",
+        "Read the frames: distributed init means NCCL/Gloo setup, load_model the weights, capture the CUDA "
+        "graphs; fix what the last lines say and restart the deployment.",
+        FAILURE,
+        root=False,
+        startup_only=True,
     ),
     Rule(
         "sglang-child-failed",
@@ -469,6 +597,34 @@ RULES: tuple[Rule, ...] = (
         progress=True,
         startup_only=True,
     ),
+    # phases read from traceback frames (the deepest frame seen last decides)
+    Rule(
+        "frame-distributed-init",
+        _rx(
+            FRAME + r"(?:init_device|init_worker_distributed_environment|init_distributed_environment|"
+            r"ensure_model_parallel_initialized|initialize_model_parallel|init_process_group|all_reduce)\b|"
+            r"_run_workers\(\"init_device\"\)"
+        ),
+        phase="nccl-init",
+        startup_only=True,
+    ),
+    Rule(
+        "frame-weight-loading",
+        _rx(FRAME + r"(?:load_model|get_model|load_weights|_load_weights|download_weights)\b"),
+        phase="loading",
+        startup_only=True,
+    ),
+    Rule(
+        "frame-warmup",
+        _rx(
+            FRAME
+            + r"(?:capture_model|_dummy_run|profile_run|determine_available_memory|compile_or_warm_up_model|"
+            r"determine_num_available_blocks|_initialize_kv_caches|capture|get_kv_cache_configs?|"
+            r"check_enough_kv_cache_memory)\b"
+        ),
+        phase="warmup",
+        startup_only=True,
+    ),
     Rule(
         "warmup-progress",
         _rx(
@@ -476,7 +632,9 @@ RULES: tuple[Rule, ...] = (
             r"Available KV cache memory|Maximum concurrency for|Capturing cudagraphs|Capturing CUDA graph|"
             r"Graph capturing finished|Compiling a graph|torch\.compile takes|Dynamo bytecode transform|"
             r"Load weight end|Memory pool end|Capture cuda graph|warming up the model|llama_context:|"
-            r"llama_kv_cache"
+            r"llama_kv_cache|Capturing a cudagraph|Warming up \d+/\d+ for shape|Compiling a graph for|"
+            r"Cache the graph of shape|Directly load the compiled graph|Start compiling|Compilation finished|"
+            r"Profiling CUDA graph memory|Estimated CUDA graph memory"
         ),
         phase="warmup",
         progress=True,
@@ -819,6 +977,8 @@ class LogScanner:
         return not (rule.startup_only and self._phase in STARTUP_ONLY_BLOCKED)
 
     def _on_signature(self, rule: Rule, values: dict[str, str | None], here: Where) -> None:
+        if rule.enrich is not None:
+            values = {**values, **rule.enrich(values)}
         if rule.verdict == FAILURE:
             if not _named(self._failures, rule.name):
                 self._record(self._failures, rule, values, here)

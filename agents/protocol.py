@@ -197,8 +197,30 @@ class Metrics(Sequenced):
     counters: ServerCounters
 
 
-AgentMessage = Annotated[Hello | Samples | LogTail | DeploymentStatus | Metrics, Field(discriminator="type")]
-AGENT_TYPES = ("hello", "samples", "logs", "deployment", "metrics")
+# ---- canary probes: is an idle server still able to generate? -----------------------------------------
+class Probe(Sequenced):
+    """One canary probe: the agent sent an idle deployment a tiny completion. Its tokens and its request are
+    not in the deployment's counters (the agent takes them out), so tokens/s and request counts exclude it.
+    When it failed, `health_*` say what the health endpoint answered meanwhile (status None: nothing)."""
+
+    type: Literal["probe"]
+    deployment: DeploymentId
+    ok: bool
+    elapsed_s: Annotated[float, Field(ge=0, le=3600)]
+    timeout_s: Annotated[float, Field(gt=0, le=600)]
+    idle_s: Annotated[float, Field(ge=0, le=10**9)] = 0.0  # how long it had served nothing before
+    tokens: Annotated[int, Field(ge=0, le=4096)] = 0
+    error: Annotated[str, Field(max_length=500)] = ""
+    health_status: Annotated[int, Field(ge=100, le=599)] | None = None
+    health_s: Annotated[float, Field(ge=0, le=3600)] | None = None
+    health_body: Annotated[str, Field(max_length=500)] = ""
+
+
+Report = DeploymentStatus | Metrics | Probe  # what an agent says about one deployment
+AgentMessage = Annotated[
+    Hello | Samples | LogTail | DeploymentStatus | Metrics | Probe, Field(discriminator="type")
+]
+AGENT_TYPES = ("hello", "samples", "logs", "deployment", "metrics", "probe")
 
 
 class _AgentFrame(BaseModel):
@@ -241,7 +263,7 @@ class LaunchOptions(Strict):
     threads: Annotated[int, Field(ge=1, le=1024)] | None = None
     # simulated backend only: tokens/s to generate at, and how to misbehave
     sim_tokens_per_s: Annotated[float, Field(gt=0, le=100_000)] | None = None
-    sim_fault: Literal["none", "nccl-init-hang", "stall", "crash"] = "none"
+    sim_fault: Literal["none", "nccl-init-hang", "stall", "crash", "idle-hang"] = "none"
     # multi-node plans: one launch per node. Rank 0 (the head) serves the API and picks the rendezvous
     # port when master_port is None; every other rank joins master_addr:master_port and serves no API.
     nnodes: Annotated[int, Field(ge=1, le=64)] = 1
@@ -286,17 +308,39 @@ class Restart(Envelope):
     deployment: DeploymentId
 
 
-ServerCommand = Annotated[Launch | Stop | Restart, Field(discriminator="type")]
+class CanarySettings(Strict):
+    """When the agent probes a deployment: after `idle_s` serving nothing, a completion of `max_tokens` tokens
+    that must answer within `timeout_s`, repeated every `interval_s` while it stays idle."""
+
+    enabled: bool = True
+    idle_s: Annotated[float, Field(ge=0.1, le=86_400)] = 30.0
+    interval_s: Annotated[float, Field(ge=0.1, le=86_400)] = 60.0
+    timeout_s: Annotated[float, Field(ge=0.1, le=600)] = 10.0
+    max_tokens: Annotated[int, Field(ge=1, le=4)] = 2
+
+
+class Canary(Envelope):
+    """The canary settings of one deployment (sent after its launch, and whenever the operator changes them).
+    An agent that never got one probes with the defaults."""
+
+    type: Literal["canary"]
+    deployment: DeploymentId
+    canary: CanarySettings = CanarySettings()
+
+
+Command = Launch | Stop | Restart | Canary
+ServerCommand = Annotated[Command, Field(discriminator="type")]
+COMMAND_TYPES = ("launch", "stop", "restart", "canary")
 
 
 class _ServerFrame(BaseModel):
     message: ServerCommand
 
 
-def parse_server_command(raw: str | bytes) -> Launch | Stop | Restart:
+def parse_server_command(raw: str | bytes) -> Command:
     """Validate a command from the server on the agent side; refuses extra argv, unknown env, odd names."""
     data = _load_json(raw, "command")
-    if not isinstance(data, dict) or data.get("type") not in ("launch", "stop", "restart"):
+    if not isinstance(data, dict) or data.get("type") not in COMMAND_TYPES:
         raise ProtocolError(
             "unknown_type", f"unknown command {_shown(data.get('type') if isinstance(data, dict) else data)}"
         )
@@ -306,7 +350,7 @@ def parse_server_command(raw: str | bytes) -> Launch | Stop | Restart:
         raise ProtocolError("invalid", _describe(exc)) from None
 
 
-def parse_agent_message(raw: str | bytes) -> Hello | Samples | LogTail | DeploymentStatus | Metrics:
+def parse_agent_message(raw: str | bytes) -> Hello | Samples | LogTail | Report:
     """Validate one frame from an agent; raise ProtocolError saying exactly what is wrong."""
     size = frame_bytes(raw)
     if size > MAX_FRAME_BYTES:

@@ -22,6 +22,7 @@ import websockets
 
 from agents import __version__, protocol
 from agents.backends import LaunchRefused
+from agents.canary import ProbeOutcome
 from agents.gpus.base import GpuSource, GpuSourceError, LoadAware
 from agents.ring import Outbox, outbox_owner
 from agents.supervisor import Supervisor
@@ -93,7 +94,14 @@ class Agent:
         self.wake = asyncio.Event()
         self.connected = asyncio.Event()
         self.supervisor = (
-            Supervisor(self.model_dirs, self.run_dir, self.emit_status, self.emit_metrics, self.emit_logs)
+            Supervisor(
+                self.model_dirs,
+                self.run_dir,
+                self.emit_status,
+                self.emit_metrics,
+                self.emit_logs,
+                emit_probe=self.emit_probe,
+            )
             if self.run_dir is not None
             else None
         )
@@ -190,6 +198,18 @@ class Agent:
                     t=now,
                     deployment=deployment,
                     counters=counters,
+                )
+            )
+        )
+        self.wake.set()
+
+    def emit_probe(self, deployment: str, outcome: ProbeOutcome) -> None:
+        now = time.time()
+        fields = outcome.reported
+        self.outbox.add(
+            lambda seq: protocol.dump(
+                protocol.Probe(
+                    type="probe", v=protocol.VERSION, seq=seq, t=now, deployment=deployment, **fields
                 )
             )
         )
@@ -313,7 +333,7 @@ class Agent:
             self.outbox.ack(int(message["seq"]))
         elif kind == "error":
             log.error("server rejected a frame: %s: %s", message.get("code"), message.get("message"))
-        elif kind in ("launch", "stop", "restart"):
+        elif kind in protocol.COMMAND_TYPES:
             self.on_command(message)
 
     def on_command(self, message: dict) -> None:
@@ -325,6 +345,8 @@ class Agent:
             if isinstance(message.get("deployment"), str):
                 self.emit_status_safely(message["deployment"], f"refused: {exc.message}")
             return
+        if self.supervisor is None and isinstance(command, protocol.Canary):
+            return  # settings for servers this agent does not run
         if self.supervisor is None:
             self.emit_status(
                 command.deployment, "failed", detail="this agent runs no inference servers (--run-dir)"

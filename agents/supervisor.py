@@ -1,9 +1,11 @@
 """Supervise inference servers on this node: launch, watch, stop and restart them on the server's command.
 
 One `Supervisor` per agent. `handle(command)` acts on a Launch, Stop or Restart; `poll()`, called every
-sampling interval, follows each server's log, notices exits, probes health and scrapes metrics. What it
-finds goes out through three callbacks: status (`deployment_id, state, **fields` with port, pid,
-exit_code, progress, detail), counters (`deployment_id, ServerCounters`) and log lines (`source, lines`).
+sampling interval, follows each server's log, notices exits, probes health, scrapes metrics and sends an
+idle server canary probes (agents/canary.py). What it finds goes out through four callbacks: status
+(`deployment_id, state, **fields` with port, pid, exit_code, progress, detail), counters (`deployment_id,
+ServerCounters`, without the probes), log lines (`source, lines`) and probe outcomes (`deployment_id,
+ProbeOutcome`).
 
 Lifecycle: launching (process started) -> loading (weights loading; progress where the backend prints
 it) -> ready (health endpoint answers) -> serving (the metrics show work done); stopped; failed.
@@ -37,9 +39,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agents import protocol
+from agents import canary, protocol
 from agents.backends import ADAPTERS, LOOPBACK, SIMULATION_BACKENDS, Adapter, LaunchRefused, admit
-from agents.protocol import Launch, Restart, ServerCounters, Stop
+from agents.canary import CanaryClock, ProbeOutcome
+from agents.protocol import Canary, CanarySettings, Command, Launch, ServerCounters, Stop
 
 log = logging.getLogger("agents.supervisor")
 
@@ -54,6 +57,7 @@ _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never se
 EmitStatus = Callable[..., None]
 EmitMetrics = Callable[[str, ServerCounters], None]
 EmitLogs = Callable[[str, list[str]], None]
+EmitProbe = Callable[[str, ProbeOutcome], None]
 
 
 # ---- the child process -----------------------------------------------------------------------------------
@@ -249,6 +253,7 @@ class RunningServer:
     failure: str = ""
     load_task: asyncio.Task | None = None
     metrics_warned: bool = False
+    canary: CanaryClock = field(default_factory=CanaryClock)
 
     @property
     def dist_port(self) -> int | None:
@@ -272,6 +277,7 @@ class RunningServer:
             "progress": self.progress,
             "log": str(self.log.path),
             "dist_port": self.dist_port,
+            "canary": self.canary.settings.model_dump(),
         }
 
 
@@ -306,6 +312,7 @@ class Supervisor:
     emit_status: EmitStatus
     emit_metrics: EmitMetrics
     emit_logs: EmitLogs
+    emit_probe: EmitProbe | None = None
     host: str = LOOPBACK
     adapters: dict[str, Adapter] = field(default_factory=lambda: dict(ADAPTERS))
     grace_s: float = 10.0
@@ -320,15 +327,18 @@ class Supervisor:
         self.run_dir = Path(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.deployments: dict[str, RunningServer] = {}
+        self.canaries: dict[str, CanarySettings] = {}  # as the server last set them, per deployment
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._polling = asyncio.Lock()
 
     # ---- commands ----
-    async def handle(self, command: Launch | Stop | Restart) -> None:
+    async def handle(self, command: Command) -> None:
         """Act on one command. A refusal is reported as a failed status and raised as LaunchRefused."""
         async with self._locks[command.deployment]:
             try:
-                if isinstance(command, Launch):
+                if isinstance(command, Canary):
+                    self._set_canary(command.deployment, command.canary)
+                elif isinstance(command, Launch):
                     await self._launch(command)
                 elif isinstance(command, Stop):
                     await self._stop(command.deployment)
@@ -373,6 +383,13 @@ class Supervisor:
         adapter = self._adapter(current.launch.backend)
         self._spawn(current.launch, admit(adapter, current.launch, self.model_dirs), adapter)
 
+    def _set_canary(self, deployment: str, settings: CanarySettings) -> None:
+        self.canaries[deployment] = settings
+        current = self.deployments.get(deployment)
+        if current is not None and not current.finished:
+            current.canary.settings = settings
+            self._save(current)
+
     def _adapter(self, backend: str) -> Adapter:
         adapter = self.adapters.get(backend)
         if adapter is None and backend in SIMULATION_BACKENDS:
@@ -415,6 +432,7 @@ class Supervisor:
         current = RunningServer(
             launch.deployment, launch, admitted, adapter, port, argv_hash(argv), child, logfile
         )
+        current.canary.settings = self.canaries.get(launch.deployment, CanarySettings())
         self.deployments[launch.deployment] = current
         log.info(
             "deployment %s: started pid %d on port %d: %s", current.id, child.pid, port, shlex.join(argv)
@@ -442,8 +460,9 @@ class Supervisor:
         self._follow_log(current)
         current.finished = True
         current.child.signal_group(signal.SIGKILL)  # workers left behind by a dead server hold GPU memory
-        if current.load_task is not None:
-            current.load_task.cancel()
+        for task in (current.load_task, current.canary.task):
+            if task is not None:
+                task.cancel()
         self._state_path(current.id).unlink(missing_ok=True)
         code = current.child.exit_code
         if current.stopping and not current.failure:
@@ -501,6 +520,7 @@ class Supervisor:
             await self._probe_health(current)
         if current.state in ("ready", "serving") and not current.finished:
             await self._scrape(current)
+            self._canary(current)
         current.log.rotate_if_needed()
 
     def _follow_log(self, current: RunningServer) -> None:
@@ -552,7 +572,7 @@ class Supervisor:
 
     async def _scrape(self, current: RunningServer) -> None:
         url = current.adapter.metrics_url(current.port, self.host)
-        if url is None:
+        if url is None or current.canary.in_flight:  # a probe's tokens may be in the counters, not yet known
             return
         answer = await asyncio.to_thread(http_call, url, self.probe_timeout_s)
         if answer is None or answer[0] != 200 or current.finished:
@@ -564,14 +584,56 @@ class Supervisor:
                 log.warning("deployment %s: unreadable metrics from %s: %s", current.id, url, exc)
                 current.metrics_warned = True
             return
+        if current.canary.in_flight:
+            return
+        counters = current.canary.adjusted(counters, asyncio.get_running_loop().time())
         self.emit_metrics(current.id, counters)
         if current.state == "ready" and served_anything(counters):
             self._set_state(current, "serving")
+
+    # ---- canary probes (agents/canary.py) ----
+    def _canary(self, current: RunningServer) -> None:
+        clock, now = current.canary, asyncio.get_running_loop().time()
+        if clock.due(now) and current.serves_api:
+            clock.task = asyncio.create_task(self._probe(current, clock.idle_for(now)))
+            clock.task.add_done_callback(lambda task: self._probe_done(current, task))
+
+    async def _probe(self, current: RunningServer, idle_s: float) -> ProbeOutcome:
+        url, model = current.adapter.canary_request(current.admitted, current.port, self.host)
+        body = canary.completion_body(model, current.canary.settings)
+        health = current.adapter.health_url(current.port, self.host)
+        return await canary.probe(http_call, url, body, health, current.canary.settings, idle_s)
+
+    def _probe_done(self, current: RunningServer, task: asyncio.Task) -> None:
+        """Reported as soon as the probe ends (not at the next poll, which may wait on a frozen server)."""
+        now = asyncio.get_running_loop().time()
+        if task.cancelled() or current.finished:
+            return
+        if (
+            task.exception() is not None
+        ):  # a bug in the probe must not end the watch; the next one tries again
+            log.error("deployment %s: canary probe failed to run: %r", current.id, task.exception())
+            current.canary.task, current.canary.next_at = None, now + current.canary.settings.interval_s
+            return
+        outcome = task.result()
+        current.canary.record(outcome, now)
+        log.log(
+            logging.INFO if outcome.ok else logging.WARNING,
+            "deployment %s: canary probe %s in %.2f s%s",
+            current.id,
+            "answered" if outcome.ok else "failed",
+            outcome.elapsed_s,
+            f": {outcome.error}" if outcome.error else "",
+        )
+        if self.emit_probe is not None:
+            self.emit_probe(current.id, outcome)
 
     # ---- state ----
     def _set_state(self, current: RunningServer, state: str, **fields) -> None:
         if current.finished:
             return
+        if state == "ready" and current.state != "ready":
+            current.canary.became_ready(asyncio.get_running_loop().time())
         current.state = state
         if "progress" in fields:
             current.progress = fields["progress"]
@@ -626,6 +688,7 @@ class Supervisor:
             child = Child(int(saved["pid"]), saved["start_ticks"])
             port, state = int(saved["port"]), saved["state"]
             admitted = _with_saved_rendezvous(launch, saved.get("dist_port"))
+            settings = CanarySettings.model_validate(saved.get("canary") or {})
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.error("ignoring unreadable deployment state %s: %s", path, exc)
             path.unlink(missing_ok=True)
@@ -636,6 +699,7 @@ class Supervisor:
             return None
         logfile = LogFile(self.run_dir / f"{launch.deployment}.log", self.log_max_bytes, self.log_backups)
         logfile.offset = logfile.size()  # lines printed while the agent was down stay in the file
+        self.canaries[launch.deployment] = settings
         return RunningServer(
             launch.deployment,
             launch,
@@ -647,10 +711,12 @@ class Supervisor:
             logfile,
             state=state,
             progress=saved.get("progress"),
+            canary=CanaryClock(settings),
         )
 
     async def close(self) -> None:
         """Stop watching (servers keep running, to be re-attached by the next agent)."""
         for current in self.deployments.values():
-            if current.load_task is not None:
-                current.load_task.cancel()
+            for task in (current.load_task, current.canary.task):
+                if task is not None:
+                    task.cancel()

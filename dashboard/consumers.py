@@ -123,11 +123,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def handle(
         self,
-        message: protocol.Hello
-        | protocol.Samples
-        | protocol.LogTail
-        | protocol.DeploymentStatus
-        | protocol.Metrics,
+        message: protocol.Hello | protocol.Samples | protocol.LogTail | protocol.Report,
     ) -> None:
         if isinstance(message, protocol.Hello):
             await self.hello(message)
@@ -183,9 +179,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.send(protocol.error("unauthorized", "agent token revoked"))
             await self.close(protocol.CLOSE_UNAUTHORIZED)
 
-    def enqueue(
-        self, message: protocol.Samples | protocol.LogTail | protocol.DeploymentStatus | protocol.Metrics
-    ) -> None:
+    def enqueue(self, message: protocol.Samples | protocol.LogTail | protocol.Report) -> None:
         rows, logs, report, sampled_at, xids = [], [], None, 0.0, {}
         if isinstance(message, protocol.Samples):
             unknown = {s.index for s in message.gpus} - set(self.gpu_ids)

@@ -139,12 +139,14 @@ def request_model(row: PlanRequest):
 
 def desired_launches(node: Node) -> list[str]:
     """Launch frames for every deployment that should be running on `node` (sent when its agent says hello):
-    those it heads, and the multi-node ones it is a further member of (once their launch was sent)."""
+    those it heads (each after its canary settings), and the multi-node ones it is a further member of (once
+    their launch was sent)."""
     active = node.deployments.filter(state__in=DeploymentState.ACTIVE)
     members = node.deployment_members.filter(
         deployment__state__in=DeploymentState.ACTIVE, launch__isnull=False
     )
-    return [protocol.dump(d.launch_command()) for d in active] + [json.dumps(m.launch) for m in members]
+    heads = [protocol.dump(frame) for d in active for frame in (d.canary_command(), d.launch_command())]
+    return heads + [json.dumps(m.launch) for m in members]
 
 
 def stand_in_on_simulated_node(plan_backend: str, model_ref: str, multi_node: bool) -> str:

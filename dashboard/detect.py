@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
+from agents import xids
 from agents.logscan import PHASES, LogScanner, Verdict
 from dashboard.choices import DeploymentState, DesiredState
 from dashboard.fleet import log_tail
@@ -27,35 +28,13 @@ XID_QUIET_MINUTES = 30
 SCRAPED = (DeploymentState.READY, DeploymentState.SERVING)  # the agent scrapes metrics only in these states
 UNLOADING = PHASES["stopping"]
 INCIDENT = "nodes-lost"  # the kind of the alert that groups many lost nodes
+HUNG_IDLE = "hung-idle"  # a canary probe failed: the server hangs though nobody uses it
 EVIDENCE_REFRESH_S = 15.0
 # Log tails as last read and scanned, per deployment, with the newest chunk they include (this process only).
 LOG_TAILS: dict[str, tuple[int | None, list[str], LogScanner]] = {}
 # A scrape's time is the agent's clock, `now` the server's: hosts drift apart by seconds, so a scrape counts as
 # recent for this long beyond the node's stale window (the node's own silence is judged on the server's clock).
 CLOCK_SLACK_S = 30.0
-
-XID_MEANINGS = {
-    13: (
-        "Graphics engine exception",
-        "usually the application or driver: check the server's log for an illegal access",
-    ),
-    31: ("GPU memory page fault", "usually an application bug (illegal address); restart the server"),
-    43: ("GPU stopped processing", "the GPU hung; restart the application, reset the GPU if it recurs"),
-    48: (
-        "Double-bit ECC error",
-        "uncorrectable memory error: drain the node, reset the GPU, replace it if it recurs",
-    ),
-    79: (
-        "GPU has fallen off the bus",
-        "the GPU is gone from PCIe: cold reboot the node; check power, riser, seating",
-    ),
-    94: ("Contained ECC error", "restart the application that hit it; other processes may keep running"),
-    95: ("Uncontained ECC error", "reset the GPU (all processes on it are affected)"),
-    119: (
-        "GSP RPC timeout",
-        "the GPU firmware stopped answering: reset the GPU or reboot; update the driver",
-    ),
-}
 
 
 @dataclass
@@ -85,6 +64,7 @@ def deployment_problems(d: Deployment, now: datetime, settled: frozenset[str] = 
             startup_overdue(d, now, verdict, lines),
             crashed(d, verdict, lines),
             unload_stuck(d, now, lines),
+            hung_idle(d, now, lines),
         )
         if p
     ]
@@ -312,6 +292,65 @@ def counters_current(d: Deployment, now: datetime) -> bool:
     return now - d.node.last_seen <= window and scraped_ago <= window.total_seconds() + CLOCK_SLACK_S
 
 
+def hung_idle(d: Deployment, now: datetime, lines: list[str]) -> Problem | None:
+    """The newest canary probe failed while the server runs: it hangs though nobody uses it (agents/canary.py).
+    A later probe that answers resolves it; so does no newer probe for two probe periods (the agent stops
+    probing once real requests run, and a stuck request is then the stall rule's)."""
+    probe = d.last_probe
+    if not d.probes_enabled or not probe or probe["ok"] or d.state not in SCRAPED:
+        return None
+    period = d.probe_interval_s + d.probe_timeout_s
+    if now.timestamp() - probe["t"] > 2 * period + CLOCK_SLACK_S:
+        return None
+    health = health_said(probe)
+    title = (
+        f"{d.name} on {d.node.name}: hung while idle (a {d.probe_timeout_s:g} s canary probe failed: "
+        f"{probe['error'][:80]}; {health})"
+    )
+    evidence = {
+        "probe": {k: probe.get(k) for k in ("t", "elapsed_s", "timeout_s", "idle_s", "error")},
+        "health": {k: probe.get(k) for k in ("health_status", "health_s", "health_body")},
+        "log": lines[-40:],
+    }
+    cause, remedy = hung_idle_cause(d, probe)
+    return Problem(f"{HUNG_IDLE}:{d.pk}", HUNG_IDLE, title, cause, remedy, evidence)
+
+
+def health_said(probe: dict[str, Any]) -> str:
+    status, took = probe.get("health_status"), probe.get("health_s")
+    if status is None:
+        return "/health did not answer either" + (f" within {took:g} s" if took else "")
+    return f"/health answered {status}" + (f" in {took:.2f} s" if took is not None else "")
+
+
+def hung_idle_cause(d: Deployment, probe: dict[str, Any]) -> tuple[str, str]:
+    idle = f"It had served nothing for {probe.get('idle_s', 0):.0f} s, so no user's request showed it yet."
+    if probe.get("health_status") is None:
+        cause = (
+            "The server's process runs but answers nothing, not even its health check: it is frozen "
+            f"(stopped, swapping, or blocked in the kernel or a driver call). {idle}"
+        )
+    elif probe["health_status"] == 200:
+        cause = (
+            "The server says it is healthy but does not generate: its engine is stuck while the API process "
+            "lives on (for example tensor-parallel ranks deadlocked in a collective, which vLLM has no "
+            f"watchdog for: vllm-project/vllm#48720). {idle}"
+        )
+    else:
+        cause = f"The server fails its health check ({probe['health_status']}) and does not generate. {idle}"
+    weak = weak_tp_links(d)
+    remedy = (
+        f"Capture `py-spy dump --pid {d.pid or '<pid>'}` of the server and its workers, then restart the "
+        "deployment. The alert resolves when a probe answers again."
+        + (
+            f" The TP group spans {weak} without P2P: consider NCCL_P2P_DISABLE=1 or a re-plan."
+            if weak
+            else ""
+        )
+    )
+    return cause, remedy
+
+
 def log_signature(
     d: Deployment, verdict: Verdict, lines: list[str], settled: frozenset[str] = frozenset()
 ) -> Problem:
@@ -523,18 +562,17 @@ def xid_problems(nodes: list[Node], now: datetime) -> list[Problem]:
     by_id = {n.pk: n for n in nodes}
     seen: dict[tuple[int, int, int], datetime] = {}
     rows = GpuSample.objects.filter(gpu__node_id__in=by_id, t__gte=now - timedelta(minutes=XID_QUIET_MINUTES))
-    for node_id, index, t, xids in rows.exclude(xids=[]).values_list(
+    for node_id, index, t, codes in rows.exclude(xids=[]).values_list(
         "gpu__node_id", "gpu__index", "t", "xids"
     ):
-        for code in xids:
-            seen[(node_id, index, code)] = max(seen.get((node_id, index, code), t), t)
+        for code in codes:
+            if xids.is_failure(code):  # 63, 64, 92 only inform
+                seen[(node_id, index, code)] = max(seen.get((node_id, index, code), t), t)
     return [xid_problem(by_id[node_id], index, code, t) for (node_id, index, code), t in sorted(seen.items())]
 
 
 def xid_problem(node: Node, index: int, code: int, t: datetime) -> Problem:
-    meaning, remedy = XID_MEANINGS.get(
-        code, ("NVIDIA driver error", "look the code up in NVIDIA's XID catalog")
-    )
+    meaning, remedy = xids.describe(code)
     return Problem(
         f"xid:{node.pk}:{index}:{code}",
         "xid",
@@ -542,7 +580,7 @@ def xid_problem(node: Node, index: int, code: int, t: datetime) -> Problem:
         f"The driver reported XID {code}: {meaning}.",
         remedy[0].upper() + remedy[1:] + ".",
         {"gpu": index, "xid": code, "last_seen": t.isoformat()},
-        severity="critical" if code in (48, 79, 95, 119) else "warning",
+        severity="critical" if code in xids.CRITICAL else "warning",
         node=node,
     )
 
@@ -556,7 +594,7 @@ def fleet_problems(now: datetime | None = None) -> tuple[list[Problem], set[str]
     deployments = list(fleet_queryset())
     for d in deployments:
         problems += deployment_problems(d, now, settled)
-        judged |= {f"{kind}:{d.pk}" for kind in ("stall", "startup", "crashed", "log")}
+        judged |= {f"{kind}:{d.pk}" for kind in ("stall", "startup", "crashed", "log", HUNG_IDLE)}
         if d.state not in SCRAPED or counters_current(
             d, now
         ):  # stale counters: leave the unload alert as it is

@@ -31,7 +31,16 @@ from django.db import (
 from django.db.models.constants import OnConflict
 from django.utils import timezone
 
-from agents.protocol import DeploymentStatus, GpuReading, Hello, LogTail, Metrics, ProtocolError, Samples
+from agents.protocol import (
+    DeploymentStatus,
+    GpuReading,
+    Hello,
+    LogTail,
+    Probe,
+    ProtocolError,
+    Report,
+    Samples,
+)
 from dashboard import deploy
 from dashboard.jobs import Job
 from dashboard.models import Deployment, Gpu, GpuSample, Link, LogChunk, Node
@@ -229,7 +238,7 @@ class Pending:
     rows: list[SampleRow]
     logs: list[LogChunk]
     on_stored: AckCallback
-    report: DeploymentStatus | Metrics | None = None
+    report: Report | None = None
     sampled_at: float = 0.0  # the rows' sample time, seconds since the epoch (for the live pages)
     # Filled in when stored: the deployment's summary for the live pages, and the tasks its report calls for.
     deployment_summary: dict | None = None
@@ -379,8 +388,8 @@ def _store(batch: list[Pending]) -> None:
     _advance_watermarks(highest)
 
 
-def apply_report(node_id: int, report: DeploymentStatus | Metrics) -> tuple[dict | None, list[Job]]:
-    """A deployment status or metrics report from an agent, applied in sequence order with the samples.
+def apply_report(node_id: int, report: Report) -> tuple[dict | None, list[Job]]:
+    """A deployment status, metrics or canary probe report from an agent, applied in sequence order with the samples.
     Returns the deployment's summary for the live pages and the tasks to queue once it is committed."""
     deployment = Deployment.objects.filter(pk=report.deployment).first()
     if deployment is not None and deployment.node_id != node_id:
@@ -392,13 +401,15 @@ def apply_report(node_id: int, report: DeploymentStatus | Metrics) -> tuple[dict
     if isinstance(report, DeploymentStatus):
         deployment.apply_status(report)
         jobs = deploy.follow_head(deployment, report)
+    elif isinstance(report, Probe):
+        deployment.record_probe(report)
     else:
         deployment.record_metrics(report.t, report.counters)
     return deployment.summary(), jobs
 
 
 def _apply_member_report(
-    deployment: Deployment, node_id: int, report: DeploymentStatus | Metrics
+    deployment: Deployment, node_id: int, report: Report
 ) -> tuple[dict | None, list[Job]]:
     """A further node of a multi-node deployment; it serves no API, so only its status counts."""
     member = deployment.members.filter(node_id=node_id).select_related("node").first()

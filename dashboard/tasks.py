@@ -22,7 +22,7 @@ from dashboard import alerts, calibration, deploy, detect
 from dashboard.choices import DeploymentState, DesiredState, NodeStatus
 from dashboard.jobs import DeliverNotifications, Job, LaunchMembers, StopProcesses
 from dashboard.live import agent_group, announce_deployment, announce_node, announce_plan
-from dashboard.models import Deployment, GpuSample, LogChunk, Node
+from dashboard.models import CanaryProbe, Deployment, GpuSample, LogChunk, Node
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,8 @@ def prune_old_samples() -> int:
     cutoff = timezone.now() - timedelta(hours=settings.SAMPLE_RETENTION_HOURS)
     samples, _ = GpuSample.objects.filter(t__lt=cutoff).delete()
     logs, _ = LogChunk.objects.filter(t__lt=cutoff).delete()
-    return samples + logs
+    probes, _ = CanaryProbe.objects.filter(t__lt=cutoff).delete()
+    return samples + logs + probes
 
 
 @shared_task(ignore_result=False)
@@ -87,8 +88,17 @@ def launch_deployment(deployment_id: str) -> str:
         ):
             return deployment.state
         deployment.move_to(DeploymentState.LAUNCHING, f"launch sent to {deployment.node.name}")
+    send_to_node(deployment.node_id, protocol.dump(deployment.canary_command()))
     send_to_agent(deployment, protocol.dump(deployment.launch_command()))
     return deployment.state
+
+
+@shared_task(ignore_result=False, acks_late=True, autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def send_canary(deployment_id: str) -> bool:
+    """Tell the head node's agent the deployment's probe settings (the operator turned probes on or off)."""
+    deployment = Deployment.objects.get(pk=deployment_id)
+    send_to_node(deployment.node_id, protocol.dump(deployment.canary_command()))
+    return deployment.probes_enabled
 
 
 @shared_task(ignore_result=False, acks_late=True, autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
@@ -113,6 +123,7 @@ def resend_lost_launches() -> int:
     heads, members = deploy.lost_launches(now, settings.LAUNCH_RESEND_AFTER_S)
     for deployment in heads:
         deploy.note_resent(deployment, now)
+        send_to_node(deployment.node_id, protocol.dump(deployment.canary_command()))
         send_to_agent(deployment, protocol.dump(deployment.launch_command()))
     for member in members:
         deploy.note_resent(member, now)

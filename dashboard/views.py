@@ -98,6 +98,7 @@ def deployment_page(request: HttpRequest, pk: str) -> HttpResponse:
         "log_lines": fleet.log_tail(deployment),
         "metrics": fleet.metric_history(deployment, minutes=15),
         "members": deployment.members.select_related("node"),
+        "probes_per_hour": deployment.probes_per_hour(),
         "gpu_history": fleet.gpu_history(deployment.node, minutes=15, indices=deployment.launch.get("gpus")),
         "measurement": calibration.measure(deployment),
     }
@@ -116,6 +117,11 @@ def calibration_page(request: HttpRequest) -> HttpResponse:
 @roles.requires(roles.CONTROL)
 def deployment_action(request: HttpRequest, pk: str, action: str) -> HttpResponse:
     deployment = get_object_or_404(Deployment, pk=pk)
+    if action in ("probes-on", "probes-off"):
+        deployment.set_probes(action == "probes-on")
+        tasks.send_canary.delay(deployment.pk)
+        messages.info(request, f"canary probes turned {action[7:]} for {deployment.name}")
+        return redirect(deployment)
     task = {"stop": tasks.stop_deployment, "restart": tasks.restart_deployment}.get(action)
     if task is None:
         raise Http404(f"unknown action {action}")

@@ -48,6 +48,7 @@ class Adapter(ABC):
     multi_node: ClassVar[bool] = False  # can run one launch per node (nnodes > 1)
     health_path: ClassVar[str] = "/health"
     metrics_path: ClassVar[str | None] = "/metrics"
+    canary_path: ClassVar[str] = "/v1/completions"  # OpenAI-compatible: every backend here serves it
 
     def executable(self) -> str:
         if not self.executable_name:
@@ -94,6 +95,11 @@ class Adapter(ABC):
 
     def metrics_url(self, port: int, host: str = LOOPBACK) -> str | None:
         return f"http://{url_host(host)}:{port}{self.metrics_path}" if self.metrics_path else None
+
+    def canary_request(self, launch: Launch, port: int, host: str = LOOPBACK) -> tuple[str, str]:
+        """Where a canary probe's completion goes, and the model name its body must carry."""
+        model = launch.options.served_model_name or launch.model
+        return f"http://{url_host(host)}:{port}{self.canary_path}", model
 
     def counters(self, body: str) -> ServerCounters:
         """Turn a metrics response into counters (Prometheus text exposition unless overridden)."""

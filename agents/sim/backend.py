@@ -1,7 +1,7 @@
 """A SIMULATED inference backend: no model, no GPU. For the demo fleet and for fault tests.
 
     python -m agents.sim.backend --port P --model NAME --tokens-per-s X
-        [--fault none|nccl-init-hang|stall|crash] [--load-seconds S] [--crash-after S] [--tp N]
+        [--fault none|nccl-init-hang|stall|crash|idle-hang] [--load-seconds S] [--crash-after S] [--tp N]
         [--stats-interval S] [--log-file F] [--host H] [--served-model-name N] [--max-model-len N]
         [--max-num-seqs N] [--kv-cache-tokens N] [--nnodes N --node-rank R --master-addr A --master-port P]
 
@@ -30,6 +30,11 @@ Faults
   and no token comes, the generation counter stands still and the stats lines show 0.0 tokens/s with
   Running: 1. SIGUSR1 toggles the stall off and on; so does POST /sim/fault {"fault": "none"|"stall"}
   (GET /sim/fault tells the current state).
+* ``idle-hang``: the engine is deadlocked while the API process lives on (vllm-project/vllm#48720: TP ranks
+  stuck with no watchdog): GET /health answers 200 and /metrics answers with counters that never move,
+  but a completion is taken in and never answered, and the engine never counts it (running stays 0, as
+  when the engine core that reports the stats is the part that hangs). Only a request shows the hang:
+  layercake's canary probes. Settable at run time like ``stall``; setting ``none`` releases the requests.
 * ``crash``: serves for ``--crash-after`` s (default 5) after it is ready, then prints a vLLM
   EngineCore traceback (marked simulated) and exits with code 1.
 SIGTERM or SIGINT shut it down cleanly (exit 0).
@@ -66,8 +71,8 @@ from agents.sim.rendezvous import Rendezvous, RendezvousError
 FINGERPRINT = "layercake-simulated-backend"
 OWNED_BY = "layercake-simbackend (SIMULATED: no model, no GPU)"
 VLLM_VERSION = "0.10.1"  # the vLLM whose log format and metric names are imitated
-FAULTS = ("none", "nccl-init-hang", "stall", "crash")
-RUNTIME_FAULTS = ("none", "stall")
+FAULTS = ("none", "nccl-init-hang", "stall", "crash", "idle-hang")  # the one list (protocol.sim_fault agrees)
+RUNTIME_FAULTS = ("none", "stall", "idle-hang")
 WORDS = (
     "this",
     "text",
@@ -278,23 +283,43 @@ class Engine:
         self.running: list[SimRequest] = []
         self.waiting: deque[SimRequest] = deque()
         self.stalled = False
+        self.frozen = False  # idle-hang: requests go into limbo, never seen by the engine's counters
+        self.limbo: list[SimRequest] = []
         self.interval_prompt = 0
         self.interval_generated = 0
         self._wake = asyncio.Event()
         self._clock = (0.0, 0)  # (start, steps done since start)
 
     def submit(self, req: SimRequest) -> None:
+        if self.frozen:
+            self.limbo.append(req)
+            return
         self.waiting.append(req)
         self._admit()
         self._wake.set()
 
     def abort(self, req: SimRequest) -> None:
-        if req.finish_reason is None:
+        if req in self.limbo:
+            self.limbo.remove(req)
+        elif req.finish_reason is None:
             self._finish(req, "abort")
 
     def set_stalled(self, stalled: bool) -> None:
         self.stalled = stalled
         self._wake.set()
+
+    def set_fault(self, fault: str) -> None:
+        """A run-time fault: stall, idle-hang or none (which releases what idle-hang held)."""
+        self.set_stalled(fault == "stall")
+        self.frozen = fault == "idle-hang"
+        if not self.frozen:
+            held, self.limbo = self.limbo, []
+            for req in held:
+                self.submit(req)
+
+    @property
+    def fault(self) -> str:
+        return "idle-hang" if self.frozen else "stall" if self.stalled else "none"
 
     def kv_usage(self) -> float:
         return min(1.0, sum(r.kv_blocks() for r in self.running) / self.kv_blocks)
@@ -629,7 +654,7 @@ class Api:
         await conn.send(200, body, "text/plain; version=0.0.4; charset=utf-8")
 
     async def get_fault(self, req: HttpRequest, conn: Conn) -> None:
-        await conn.send_json(200, {"fault": "stall" if self.engine.stalled else "none", "simulated": True})
+        await conn.send_json(200, {"fault": self.engine.fault, "simulated": True})
 
     async def post_fault(self, req: HttpRequest, conn: Conn) -> None:
         fault = req.json().get("fault")
@@ -638,7 +663,7 @@ class Api:
                 400, f"fault must be one of {', '.join(RUNTIME_FAULTS)} at run time, got {fault!r}"
             )
         self.set_fault(fault, "POST /sim/fault")
-        self.engine.set_stalled(fault == "stall")
+        self.engine.set_fault(fault)
         await self.get_fault(req, conn)
 
     async def completions(self, req: HttpRequest, conn: Conn) -> None:
@@ -739,7 +764,8 @@ class SimServer:
         self.log = VllmLog(opts.log_file)
         self.metrics = SimMetrics(opts.served_model_name or opts.model)
         self.engine = Engine(opts.tokens_per_s, self.metrics, opts.max_num_seqs, opts.kv_cache_tokens)
-        self.engine.stalled = opts.fault == "stall"
+        if opts.fault in RUNTIME_FAULTS:
+            self.engine.set_fault(opts.fault)
         self.api = Api(opts, self.engine, self.metrics, self.log, self._fault_note)
         self.exit_code = 0
         self._stop = asyncio.Event()

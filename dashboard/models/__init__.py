@@ -2,6 +2,7 @@
 
 from dashboard.models.alerts import Alert, AlertEvent, Channel, Notification
 from dashboard.models.deployments import (
+    CanaryProbe,
     Deployment,
     DeploymentEvent,
     DeploymentMember,
@@ -15,6 +16,7 @@ __all__ = [
     "AgentToken",
     "Alert",
     "AlertEvent",
+    "CanaryProbe",
     "Channel",
     "Deployment",
     "DeploymentEvent",

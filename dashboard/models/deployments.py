@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -101,6 +101,12 @@ class Deployment(models.Model):
     tokens_per_s = models.FloatField(null=True, blank=True)
     # Multi-node: the port the head's rendezvous listens on, as its agent reported; the others join it.
     dist_port = models.PositiveIntegerField(null=True, blank=True)
+    # Canary probes (agents/canary.py): the agent's tiny completions while the server is idle.
+    probes_enabled = models.BooleanField(default=True, help_text="the agent probes the server while idle")
+    probe_idle_s = models.FloatField(default=30.0, help_text="probe after serving nothing for this long")
+    probe_interval_s = models.FloatField(default=60.0, help_text="then probe again this often")
+    probe_timeout_s = models.FloatField(default=10.0, help_text="a probe not answered in this long failed")
+    last_probe = models.JSONField(null=True, blank=True, help_text="the newest probe (protocol.Probe)")
 
     class Meta:
         ordering = ["-created"]
@@ -150,6 +156,39 @@ class Deployment(models.Model):
         options = head.options.model_copy(update={"node_rank": member.rank, "master_port": self.dist_port})
         data = {**head.model_dump(), "gpus": member.gpus, "options": options.model_dump()}
         return protocol.Launch.model_validate(data)
+
+    def canary_command(self) -> protocol.Canary:
+        """The probe settings for the agent (sent after every launch and when the operator changes them)."""
+        settings = protocol.CanarySettings(
+            enabled=self.probes_enabled,
+            idle_s=self.probe_idle_s,
+            interval_s=self.probe_interval_s,
+            timeout_s=self.probe_timeout_s,
+        )
+        return protocol.Canary(type="canary", v=protocol.VERSION, deployment=self.pk, canary=settings)
+
+    def set_probes(self, enabled: bool) -> protocol.Canary:
+        """The operator turns probes on or off; returns the command that tells the agent."""
+        self.probes_enabled = enabled
+        self.save(update_fields=["probes_enabled"])
+        return self.canary_command()
+
+    def record_probe(self, probe: protocol.Probe) -> CanaryProbe:
+        """A canary probe's outcome: kept (probes per hour) and the newest one on the row (the hang rule)."""
+        self.last_probe = probe.model_dump(exclude={"type", "v", "seq", "deployment"})
+        self.save(update_fields=["last_probe"])
+        return CanaryProbe.objects.create(
+            deployment=self,
+            t=datetime.fromtimestamp(probe.t, tz=UTC),
+            ok=probe.ok,
+            elapsed_s=probe.elapsed_s,
+            error=probe.error,
+            health_status=probe.health_status,
+        )
+
+    def probes_per_hour(self, now: datetime | None = None) -> int:
+        since = (now or timezone.now()) - timedelta(hours=1)
+        return self.probes.filter(t__gte=since).count()
 
     def move_to(self, state: str, detail: str = "", **fields: Any) -> None:
         """Change state (recording an event) and any reported fields; a repeated state records nothing."""
@@ -353,3 +392,21 @@ class DeploymentMetric(models.Model):
 
     def __str__(self) -> str:
         return f"{self.deployment_id} @ {self.t:%H:%M:%S}"
+
+
+class CanaryProbe(models.Model):
+    """One canary probe the agent sent an idle deployment (agents/canary.py); kept for probes per hour."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="probes")
+    t = models.DateTimeField()
+    ok = models.BooleanField()
+    elapsed_s = models.FloatField()
+    error = models.CharField(max_length=500, blank=True)
+    health_status = models.PositiveSmallIntegerField(null=True, blank=True, help_text="None: no answer")
+
+    class Meta:
+        ordering = ["deployment", "t"]
+        indexes = [models.Index(fields=["deployment", "t"], name="probe_deployment_time")]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id} probe {'ok' if self.ok else 'failed'} @ {self.t:%H:%M:%S}"

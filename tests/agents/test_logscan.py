@@ -31,13 +31,18 @@ class Expect(NamedTuple):
     note: str = ""  # why the expectation differs from the header, if it does
 
 
+NO_MARKER = (
+    "no line of the excerpt names its server (no vllm, EngineCore, ... marker), so the backend is unknown"
+)
 PYTORCH_ONLY = "the excerpt has only NCCL/torch.distributed lines, so the backend detected is nccl"
 EXPECTED: dict[str, Expect] = {
     "001": Expect("hang", "nccl-init", "vllm", ("no-progress-nccl-init",), quiet("nccl-init")),
     "002": Expect("hang", "serving", "vllm", ("vllm-shm-broadcast-timeout",)),
     "004": Expect("failure", "nccl-init", "vllm", ("nccl-comm-init-error", "engine-traceback")),
     "006": Expect("failure", "nccl-init", "vllm", ("nccl-comm-init-error", "engine-traceback")),
-    "007": Expect("failure", "unknown", "vllm", ("engine-traceback",)),
+    "007": Expect(
+        "failure", "nccl-init", "vllm", ("engine-traceback",)
+    ),  # phase from the frames (init_device)
     "008": Expect("failure", "nccl-init", "vllm", ("vllm-worker-exception", "engine-traceback")),
     "010": Expect("hang", "unknown", "vllm", ("vllm-worker-response-timeout", "engine-traceback")),
     "011": Expect("failure", "stopped", "vllm", ("cuda-error", "engine-traceback", "vllm-fatal-signal")),
@@ -88,6 +93,27 @@ EXPECTED: dict[str, Expect] = {
     "046": Expect("failure", "stopped", "vllm", ("cuda-oom", "vllm-engine-start-failed", "engine-traceback")),
     "047": Expect("hang", "serving", "vllm", ("vllm-shm-broadcast-timeout",)),
     "048": Expect("hang", "starting", "vllm", ("no-progress-starting",), quiet("starting")),
+    # issue #16, item 2: the six classes read as healthy before, with new public examples
+    "101": Expect(
+        "hang", "starting", "vllm", ("ray-placement-group-too-small", "ray-placement-group-waiting")
+    ),
+    "102": Expect("hang", "starting", "vllm", ("ray-placement-group-waiting",)),
+    "103": Expect("failure", "stopped", "vllm", ("ray-placement-group-refused",)),
+    "104": Expect("hang", "warmup", "unknown", ("no-progress-warmup",), quiet("warmup"), NO_MARKER),
+    "105": Expect("hang", "warmup", "unknown", ("no-progress-warmup",), quiet("warmup"), NO_MARKER),
+    "106": Expect("hang", "unknown", "ollama", ("ollama-request-timeout",)),
+    "107": Expect("hang", "idle", "ollama", ("ollama-request-timeout",)),
+    "108": Expect("hang", "idle", "ollama", ("ollama-request-timeout",)),
+    "109": Expect("failure", "nccl-init", "vllm", ("worker-method-error", "engine-traceback")),
+    "110": Expect("failure", "nccl-init", "vllm", ("engine-traceback",)),
+    "111": Expect("healthy", "idle", "vllm", ()),
+    "112": Expect("healthy", "unknown", "unknown", (), note=NO_MARKER),
+    "113": Expect("failure", "stopped", "vllm", ("unsupported-architecture", "startup-traceback")),
+    "114": Expect("failure", "stopped", "unknown", ("unsupported-architecture",), note=NO_MARKER),
+    "115": Expect("failure", "warmup", "unknown", ("no-kv-cache-room",), note=NO_MARKER),
+    "116": Expect("failure", "warmup", "vllm", ("no-kv-cache-room", "engine-traceback")),
+    "117": Expect("failure", "unknown", "unknown", ("kernel-xid",)),
+    "118": Expect("failure", "unknown", "unknown", ("kernel-xid",)),
 }
 
 
@@ -116,7 +142,7 @@ def outcome(verdict) -> tuple[str, str, list[str]]:
 
 
 def test_it_has_an_expectation_for_every_log_fixture():
-    assert len(LOG_FIXTURES) == 32
+    assert len(LOG_FIXTURES) == 50
     assert sorted(path.name[:3] for path in LOG_FIXTURES) == sorted(EXPECTED)
 
 
@@ -466,3 +492,97 @@ def test_it_exits_1_with_a_clear_message_for_bad_arguments(args, complaint):
     done = run_cli(*args)
     assert done.returncode == 1
     assert complaint in done.stderr
+
+
+# --- issue #16, item 2: the classes read as healthy before -----------------------------------------------
+def placement_wait(at: float, secs: int) -> str:
+    return (
+        f"INFO {stamp(at)} ray_utils.py:214] Waiting for creating a placement group of specs for {secs} seconds. "
+        "specs=[{'GPU': 1.0}, {'GPU': 1.0}]. Check `ray status` to see if you have enough resources."
+    )
+
+
+def test_it_lets_ray_wait_for_a_placement_group_a_while_then_calls_the_growing_wait_a_hang():
+    waits = [placement_wait(10 * n, secs) for n, secs in enumerate((10, 30))]
+    assert scan(waits).verdict == "healthy"  # a node may still be joining
+    verdict = scan([*waits, placement_wait(70, 70)])
+    assert (verdict.verdict, signatures(verdict)) == ("hang", ["ray-placement-group-waiting"])
+    assert "70 s" in verdict.findings[0].meaning
+    loading = f"INFO {stamp(90)} model_runner.py:1] Starting to load model Qwen/Qwen2.5-7B..."
+    assert scan([*waits, placement_wait(70, 70), loading]).verdict == "healthy"  # the group formed after all
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "DEBUG 09-09 15:33:36 [cuda_piecewise_backend.py:162] Capturing a cudagraph for shape 272",
+        "DEBUG 09-09 15:33:36 [cuda_piecewise_backend.py:151] Warming up 1/1 for shape 264",
+        "INFO 09-09 15:33:36 [backends.py:215] Compiling a graph for dynamic shape takes 31.42 s",
+        "INFO 09-09 15:33:36 [backends.py:118] Directly load the compiled graph(s) for dynamic shape",
+        "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  61%|██████    | 41/67 [00:06<00:04,  6.30it/s]",
+    ],
+)
+def test_it_recognises_each_variant_of_warm_up_and_judges_it_by_the_warm_up_allowance(line):
+    assert scan([line]).phase == "warmup"
+    assert scan([line], silent_for=quiet("warmup") - 2).verdict == "healthy"
+    assert scan([line], silent_for=quiet("warmup")).verdict == "hang"
+
+
+def test_it_calls_a_long_ollama_500_a_hung_request_but_not_a_quick_one_nor_a_load_timeout():
+    def gin(status: int, took: str) -> str:
+        return f'[GIN] 2024/12/11 - 09:58:58 | {status} | {took:>13} |      10.0.0.123 | POST     "/api/chat"'
+
+    assert signatures(scan([gin(500, "29m59s")])) == ["ollama-request-timeout"]
+    assert signatures(scan([gin(500, "1h2m3s")])) == ["ollama-request-timeout"]
+    for quick in (gin(500, "4.709180529s"), gin(500, "5m1s"), gin(200, "31m0s")):
+        assert scan([quick]).verdict == "healthy", quick
+
+
+STARTUP_FRAMES = [
+    'File "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu_worker.py", line 160, in init_device',
+    'File "/usr/local/lib/python3.12/dist-packages/vllm/distributed/parallel_state.py", line 980, in '
+    "init_distributed_environment",
+    'File "/usr/local/lib/python3.12/dist-packages/torch/distributed/distributed_c10d.py", line 2806, in '
+    "all_reduce",
+]
+
+
+def traceback_lines(at: float, module: str, frames: list[str]) -> list[str]:
+    prefix = f"(RayWorkerWrapper pid=4242) ERROR {stamp(at)} [{module}:77]"
+    return [f"{prefix} Traceback (most recent call last):", *(f"{prefix}   {frame}" for frame in frames)]
+
+
+def test_it_fails_a_startup_traceback_that_ends_before_its_exception_with_the_phase_of_its_frames():
+    start = [f"INFO {stamp(0)} [api_server.py:1] vLLM API server version 0.10.1"]
+    verdict = scan(start + traceback_lines(5, "ray_utils.py", STARTUP_FRAMES))
+    assert (verdict.verdict, verdict.phase, signatures(verdict)) == (
+        "failure",
+        "nccl-init",
+        ["startup-traceback"],
+    )
+
+
+def test_it_does_not_fail_a_request_traceback_after_the_server_is_ready():
+    ready = [f"INFO {stamp(0)} [api_server.py:1] Starting vLLM API server on http://0.0.0.0:8000"]
+    frames = ['File "/usr/lib/python3.12/json/decoder.py", line 356, in raw_decode']
+    after_ready = (
+        ready + traceback_lines(5, "serving_chat.py", frames) + traceback_lines(6, "ray_utils.py", frames)
+    )
+    assert scan(after_ready).verdict == "healthy"
+    assert (
+        scan(traceback_lines(5, "serving_chat.py", frames)).verdict == "healthy"
+    )  # request handling, any time
+
+
+def test_it_calls_kernel_xid_lines_failures_with_their_meaning_but_informational_ones_healthy():
+    xid13 = "kernel: NVRM: Xid (PCI:0000:43:00): 13, pid=1, name=python3, Graphics Exception: ESR 0x1"
+    verdict = scan([xid13])
+    assert (verdict.verdict, signatures(verdict)) == ("failure", ["kernel-xid"])
+    assert (
+        "Xid 13" in verdict.findings[0].meaning and "Graphics engine exception" in verdict.findings[0].meaning
+    )
+    for code in (63, 64, 92):
+        assert (
+            scan([f"kernel: NVRM: Xid (PCI:0000:43:00): {code}, pid=1, name=python3, info"]).verdict
+            == "healthy"
+        )

@@ -93,8 +93,11 @@ def test_it_gives_every_message_one_envelope_and_every_acknowledged_one_a_sequen
         protocol.LogTail,
         protocol.DeploymentStatus,
         protocol.Metrics,
+        protocol.Probe,
     )
-    assert all(issubclass(m, protocol.Envelope) for m in (*agent_messages, protocol.Launch, protocol.Stop))
+    commands = (protocol.Launch, protocol.Stop, protocol.Restart, protocol.Canary)
+    assert all(issubclass(m, protocol.Envelope) for m in (*agent_messages, *commands))
+    assert [m.model_fields["type"].annotation.__args__[0] for m in commands] == list(protocol.COMMAND_TYPES)
     assert [m.model_fields["type"].annotation.__args__[0] for m in agent_messages] == list(
         protocol.AGENT_TYPES
     )

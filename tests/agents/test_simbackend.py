@@ -240,7 +240,7 @@ def test_it_says_it_is_simulated(start_sim) -> None:
         ),
         ("/v1/chat/completions", {"messages": []}, 400, "messages must be a non-empty list"),
         ("/v1/completions", "not json", 400, "request body is not JSON"),
-        ("/sim/fault", {"fault": "crash"}, 400, "fault must be one of none, stall at run time"),
+        ("/sim/fault", {"fault": "crash"}, 400, "fault must be one of none, stall, idle-hang at run time"),
     ],
 )
 def test_it_refuses_bad_requests(start_sim, path, body, status, message) -> None:
@@ -394,6 +394,29 @@ def test_it_stalls_and_resumes_by_post(start_sim) -> None:
     assert len(stream.finish().tokens) == 20
     assert sim.counters().generation_tokens_total == 25
     scanned(sim, "healthy")
+
+
+@pytest.mark.slow
+def test_it_answers_health_and_metrics_but_never_generates_while_idle_hung(start_sim) -> None:
+    sim = start_sim("--fault", "idle-hang")
+    assert httpx.get(f"{sim.url}/health", timeout=5).status_code == 200
+    assert httpx.get(f"{sim.url}/sim/fault", timeout=5).json() == {"fault": "idle-hang", "simulated": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{sim.url}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}, timeout=1
+        )
+    held = Stream(sim, {"prompt": "Hello", "max_tokens": 3}).start()
+    time.sleep(0.3)
+    c = sim.counters()
+    assert (c.requests_running, c.requests_waiting, c.generation_tokens_total) == (
+        0,
+        0,
+        0,
+    )  # the engine saw none
+    assert held.tokens == []
+    assert httpx.post(f"{sim.url}/sim/fault", json={"fault": "none"}, timeout=5).json()["fault"] == "none"
+    assert len(held.finish().tokens) == 3  # released, served
+    assert sim.complete(2)["usage"]["completion_tokens"] == 2
 
 
 @pytest.mark.slow

@@ -108,8 +108,12 @@ def test_it_tells_a_reconnecting_agent_what_should_be_running(alice):
     assert deploy.desired_launches(node) == []
     deployment.move_to(DeploymentState.SERVING)
     frames = [json.loads(f) for f in deploy.desired_launches(node)]
-    assert [f["deployment"] for f in frames] == [deployment.pk]
-    assert protocol.parse_server_command(json.dumps(frames[0])).backend == "simulated"
+    assert [(f["type"], f["deployment"]) for f in frames] == [
+        ("canary", deployment.pk),
+        ("launch", deployment.pk),
+    ]
+    assert protocol.parse_server_command(json.dumps(frames[0])).canary.enabled is True
+    assert protocol.parse_server_command(json.dumps(frames[1])).backend == "simulated"
 
 
 def test_it_applies_agent_reports_and_turns_counters_into_tokens_per_second(alice):

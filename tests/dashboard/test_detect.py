@@ -148,6 +148,24 @@ def test_it_reports_xid_errors_with_their_meaning():
     assert problem.key == f"xid:{node.pk}:2:79" and "fallen off the bus" in problem.title
 
 
+def test_it_raises_no_alert_for_informational_xids_and_reads_the_same_table_as_the_log_classifier():
+    from agents import xids
+    from agents.logscan import scan_log
+
+    node = seed_server()
+    node.last_seen = timezone.now()
+    node.save()
+    sample = {"t": timezone.now(), "util_gpu": 0, "util_mem": 0, "mem_used_mib": 1, "mem_free_mib": 1}
+    sample |= {"temp_c": 40, "power_w": 50}
+    GpuSample.objects.create(gpu=node.gpus.get(index=1), seq=1, xids=[63, 92, 64], **sample)
+    assert detect.node_problems([node], timezone.now()) == []
+    GpuSample.objects.create(gpu=node.gpus.get(index=1), seq=2, xids=[13], **{**sample, "t": timezone.now()})
+    [problem] = detect.node_problems([node], timezone.now())
+    finding = scan_log("NVRM: Xid (PCI:0000:43:00): 13, pid=1, name=python3, Graphics Exception").findings[0]
+    meaning = xids.describe(13)[0]
+    assert meaning in problem.title and meaning in finding.meaning
+
+
 def test_it_opens_the_stall_alert_from_the_servers_own_stats_lines(serving):
     stats = (
         "INFO 11-29 10:00:{s:02d} [loggers.py:123] Engine 000: Avg prompt throughput: 0.0 tokens/s, "

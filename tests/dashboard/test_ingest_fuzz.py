@@ -204,7 +204,7 @@ async def send_and_read(comm, raw: str | bytes, frame: dict, tally: Tally) -> No
     tally.frames += 1
     try:
         answer = json.loads(await comm.receive_from(timeout=2))
-        while answer["type"] == "launch":  # after a welcome: what should run there (not an answer)
+        while answer["type"] in ("launch", "canary"):  # after a welcome: what should run there, not answers
             answer = json.loads(await comm.receive_from(timeout=2))
     except TimeoutError:
         tally.silent += 1

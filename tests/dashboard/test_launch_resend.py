@@ -131,7 +131,8 @@ def test_it_resends_each_lost_launch_to_its_node_and_records_it_once(alice, sett
 
     assert [tasks.resend_lost_launches(), tasks.resend_lost_launches()] == [2, 2]  # until the agents answer
 
-    assert [f["deployment"] for f in received(head_channel)] == [lost_head.pk, lost_head.pk]
+    sent = [(f["type"], f["deployment"]) for f in received(head_channel)]
+    assert sent == [("canary", lost_head.pk), ("launch", lost_head.pk)] * 2  # the probe settings go first
     assert received(member_channel) == [member.launch, member.launch]
     assert protocol.Launch.model_validate(member.launch).options.node_rank == 1
     lost_head.refresh_from_db()

@@ -82,7 +82,7 @@ def world(request, monkeypatch) -> World:
     built = World(
         request.param, user, other, node, plan, deployment, alert, email, hook, AgentToken.issue(node)[0]
     )
-    for name in ("plan_request", "launch_deployment", "stop_deployment", "restart_deployment"):
+    for name in ("plan_request", "launch_deployment", "stop_deployment", "restart_deployment", "send_canary"):
         monkeypatch.setattr(
             getattr(tasks, name), "delay", lambda pk, name=name: built.queued.append((name, pk))
         )
@@ -137,6 +137,12 @@ ACTIONS = [
         roles.OPERATOR,
         lambda c, w: c.post(f"/deployments/{w.deployment.pk}/restart/"),
         lambda w: ("restart_deployment", w.deployment.pk) in w.queued,
+    ),
+    Action(
+        "turn canary probes off",
+        roles.OPERATOR,
+        lambda c, w: c.post(f"/deployments/{w.deployment.pk}/probes-off/"),
+        lambda w: ("send_canary", w.deployment.pk) in w.queued and not fresh(w.deployment).probes_enabled,
     ),
     Action(
         "re-plan from an alert",

@@ -1,6 +1,6 @@
 """Hang detection end to end: agents, the real ASGI server, a real Celery worker and beat, Redis, a real SMTP
 server (aiosmtpd) and inference servers that really stall (simulated backend, or the llama.cpp engine
-frozen with SIGSTOP)."""
+frozen with SIGSTOP), including idle servers that hang, found by canary probes."""
 
 import contextlib
 import http.client
@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from dashboard import stack
+from dashboard import stack, tasks
 from dashboard.models import Alert, Deployment
 from tests.conftest import point_celery_at
 from tests.e2e.test_e2e_deploy import (
@@ -216,3 +216,68 @@ def test_it_alerts_when_the_real_llama_cpp_engine_freezes_and_resolves_on_sigcon
     finally:
         os.kill(deployment.pid, signal.SIGCONT)
     wait_until(lambda: Alert.objects.get(pk=alert.pk).status == "resolved", timeout=60, what="resolution")
+
+
+# ---- canary probes: a server that hangs while idle ---------------------------------------------------------
+IDLE, PROBE_INTERVAL, TIMEOUT = 1.0, 3.0, 2.0
+# what the agent needs to hand a failure over and the beat to judge it: a poll, a flush, an evaluation
+DELIVERY = 2 * INTERVAL + 1.0
+
+
+def probing_fast(deployment: Deployment) -> Deployment:
+    Deployment.objects.filter(pk=deployment.pk).update(
+        probe_idle_s=IDLE, probe_interval_s=PROBE_INTERVAL, probe_timeout_s=TIMEOUT
+    )
+    tasks.send_canary.delay(deployment.pk)
+    wait_until(lambda: (last_probe(deployment) or {}).get("ok"), timeout=30, what="a probe that answered")
+    return Deployment.objects.get(pk=deployment.pk)
+
+
+def last_probe(deployment: Deployment) -> dict | None:
+    return Deployment.objects.get(pk=deployment.pk).last_probe
+
+
+def hung_alert_after(onset: float) -> tuple[Alert, float]:
+    alert = wait_until(lambda: open_alert("hung-idle"), timeout=30, what="the hung-while-idle alert")
+    return alert, time.monotonic() - onset
+
+
+def test_it_alerts_on_a_server_that_hangs_while_idle_and_resolves_when_a_probe_answers(
+    operator, seed_agent, inbox
+):
+    deployment = probing_fast(ready_deployment(operator, model="Qwen3-VL-32B-Instruct"))
+    assert deployment.state == "ready"  # probes are not use: it never became "serving"
+    assert not (deployment.last_counters or {}).get("generation_tokens_total")
+    assert deployment.probes_per_hour() >= 1
+    set_fault(deployment.port, "idle-hang")
+    alert, opened_after = hung_alert_after(time.monotonic())
+    assert opened_after <= PROBE_INTERVAL + TIMEOUT + DELIVERY, f"alert after {opened_after:.1f} s"
+    assert alert.evidence["health"]["health_status"] == 200
+    assert alert.evidence["probe"]["error"] == f"no answer within {TIMEOUT:g} s"
+    assert not open_alert("stall")  # the hanging probe is not a user's request in flight
+    wait_until(lambda: any("OPEN" in s and "hung while idle" in s for s in inbox.subjects()), what="mail")
+    set_fault(deployment.port, "none")
+    wait_until(lambda: Alert.objects.get(pk=alert.pk).status == "resolved", timeout=30, what="resolution")
+    print(f"hung-while-idle alert opened {opened_after:.2f} s after the simulated engine hung")
+
+
+def test_it_alerts_when_the_idle_real_llama_cpp_engine_is_frozen_and_resolves_on_sigcont(
+    operator, seed_agent, tmp_path
+):
+    gguf = smollm2_path()
+    if gguf is None or importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python or the SmolLM2 GGUF is not installed (scripts/install-inference.sh)")
+    model = tmp_path / "models" / "smol.gguf"
+    os.link(gguf, model)
+    deployment = ready_deployment(operator, model=str(model), backend="llama.cpp", max_model_len=2048)
+    deployment = probing_fast(deployment)
+    os.kill(deployment.pid, signal.SIGSTOP)
+    try:
+        alert, opened_after = hung_alert_after(time.monotonic())
+        # a poll may also wait out a scrape of the frozen server (2 s) before it sees the probe's end
+        assert opened_after <= PROBE_INTERVAL + TIMEOUT + DELIVERY + 2.0, f"alert after {opened_after:.1f} s"
+        assert alert.evidence["health"]["health_status"] is None and "frozen" in alert.cause
+    finally:
+        os.kill(deployment.pid, signal.SIGCONT)
+    wait_until(lambda: Alert.objects.get(pk=alert.pk).status == "resolved", timeout=60, what="resolution")
+    print(f"hung-while-idle alert opened {opened_after:.2f} s after SIGSTOP of the idle llama.cpp engine")
