@@ -195,6 +195,35 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+# Architectures whose HF config class interleaves sliding and full attention when the config has no
+# layer_types: every n-th layer is global (transformers' Gemma2Config alternates local/global, n=2;
+# Gemma3TextConfig and Cohere2Config read `sliding_window_pattern`, defaults 6 and 4).
+INTERLEAVED_DEFAULT_PATTERN = {"gemma2": 2, "gemma3_text": 6, "gemma3": 6, "cohere2": 4}
+# HF config classes whose `tie_word_embeddings` defaults to True (the rest default to False): a config.json
+# written by save_pretrained leaves out a value equal to the class default, as gemma-2-9b-it does.
+TIED_BY_DEFAULT = frozenset(
+    {"gemma", "gemma2", "gemma3", "gemma3_text", "cohere", "cohere2", "starcoder2", "gpt2"}
+)
+
+
+def _tied_embeddings(config: dict[str, Any], text: dict[str, Any]) -> bool:
+    for source in (config, text):
+        if isinstance(source.get("tie_word_embeddings"), bool):
+            return source["tie_word_embeddings"]
+    return str(text.get("model_type") or config.get("model_type")) in TIED_BY_DEFAULT
+
+
+def _interleaved(text: dict[str, Any], layers: int) -> tuple[int, int] | None:
+    """(full, sliding) layer counts for an architecture that interleaves them by default, else None."""
+    default = INTERLEAVED_DEFAULT_PATTERN.get(str(text.get("model_type")))
+    if default is None:
+        return None
+    pattern = text.get("sliding_window_pattern", default)
+    pattern = pattern if isinstance(pattern, int) and pattern > 0 else default
+    full = layers // pattern
+    return full, layers - full
+
+
 def _layer_kinds(text: dict[str, Any], layers: int, max_pos: int) -> tuple[int | None, int, int | None]:
     """(full-attention layers, sliding layers, window) from layer_types / sliding_window."""
     window = text.get("sliding_window")
@@ -204,6 +233,9 @@ def _layer_kinds(text: dict[str, Any], layers: int, max_pos: int) -> tuple[int |
         full = sum(1 for kind in kinds if kind == "full_attention")
         sliding = sum(1 for kind in kinds if kind == "sliding_attention")
         return full, sliding, window
+    interleaved = _interleaved(text, layers) if window and window < max_pos else None
+    if interleaved:
+        return interleaved[0], interleaved[1], window
     uses_window = text.get("use_sliding_window", True) and "max_window_layers" not in text
     if window and uses_window and window < max_pos:
         return 0, layers, window
@@ -282,7 +314,7 @@ def spec_from_hf_config(config: dict[str, Any], name: str, ref: str, source: str
         intermediate_size=_int(text, "intermediate_size", where),
         vocab_size=_int(text, "vocab_size", where),
         max_position_embeddings=max_pos,
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+        tie_word_embeddings=_tied_embeddings(config, text),
         native_format=native_format_of(config),
         num_experts=experts,
         experts_per_tok=int(text.get("num_experts_per_tok") or 0) if experts else 0,
