@@ -363,6 +363,19 @@ def catalog() -> dict[str, dict[str, Any]]:
     return json.loads(raw)
 
 
+@cache
+def hf_catalog() -> dict[str, dict[str, Any]]:
+    """Public config.json files bundled verbatim (placement/data/hf_configs.json): {key: {hf_repo, source,
+    config, overrides?}}; each is a copy of a fixture in tests/data/fixtures/configs, with its source."""
+    raw = resources.files("placement.data").joinpath("hf_configs.json").read_text(encoding="utf-8")
+    return json.loads(raw)
+
+
+def catalog_names() -> list[str]:
+    """Every model the planner knows by name, both catalogs."""
+    return sorted({*catalog(), *hf_catalog()})
+
+
 def _norm(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.lower())
 
@@ -383,7 +396,7 @@ def split_quant_suffix(name: str) -> tuple[str, str | None]:
 
 def find_catalog_key(ref: str) -> str | None:
     """Catalog key for an HF id, a path whose last part is a catalog name, or an Ollama-style tag."""
-    entries = catalog()
+    entries = {**hf_catalog(), **catalog()}
     last = re.sub(r"\.gguf$", "", ref.rstrip("/").split("/")[-1].removesuffix(":latest"), flags=re.IGNORECASE)
     by_norm = {_norm(key): key for key in entries}
     by_norm.update({_norm(entry.get("hf_repo", "")): key for key, entry in entries.items()})
@@ -411,7 +424,19 @@ def _catalog_vision(entry: dict[str, Any], text_hidden: int) -> VisionSpec | Non
     )
 
 
+def hf_catalog_spec(key: str, ref: str) -> ModelSpec:
+    entry = hf_catalog()[key]
+    config = {**entry["config"], **entry.get("overrides", {})}
+    spec = spec_from_hf_config(
+        config, key, ref, f"built-in config.json of {entry['hf_repo']} ({entry['source']})"
+    )
+    spec.hf_repo = entry["hf_repo"]
+    return spec
+
+
 def catalog_spec(key: str, ref: str) -> ModelSpec:
+    if key not in catalog():
+        return hf_catalog_spec(key, ref)
     entry = catalog()[key]
     spec = spec_from_hf_config(entry, key, ref, f"built-in catalog entry '{key}'")
     spec.vision = _catalog_vision(entry, spec.hidden_size)
@@ -481,7 +506,7 @@ def _load_path(path: Path, ref: str) -> ModelSpec:
 def _from_catalog(ref: str, no_file: str) -> ModelSpec:
     key = find_catalog_key(ref)
     if key is None:
-        known = ", ".join(sorted(catalog()))
+        known = ", ".join(catalog_names())
         raise PlacementError(f"unknown model '{ref}': {no_file}, and not in the built-in catalog ({known})")
     return catalog_spec(key, ref)
 
