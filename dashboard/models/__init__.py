@@ -8,7 +8,7 @@ from dashboard.models.deployments import (
     DeploymentMetric,
     PlanRequest,
 )
-from dashboard.models.fleet import AgentToken, Gpu, GpuSample, Link, LogChunk, Node
+from dashboard.models.fleet import AgentToken, Gpu, GpuSample, Link, LogChunk, Node, NodeModel
 
 __all__ = [
     "AgentToken",
@@ -24,6 +24,7 @@ __all__ = [
     "Link",
     "LogChunk",
     "Node",
+    "NodeModel",
     "Notification",
     "PlanRequest",
 ]
