@@ -14,13 +14,19 @@ from placement.spec import catalog_names, hf_catalog
 from tests.fixtures import FIXTURES, fixture_files, read_fixture
 
 CONFIGS = [p for p in fixture_files("configs") if "hf_repo" in read_fixture(p)[0]]
-H100_NODE = {
-    "name": "h100",
-    "gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559} for i in range(8)],
-    "topology": read_fixture(FIXTURES / "topo" / "036_penny-8xh100-nv18-13nic-ib-eth-unindented.txt")[1],
-}
+H100_PASTE = read_fixture(FIXTURES / "topo" / "036_penny-8xh100-nv18-13nic-ib-eth-unindented.txt")[1]
+
+
+def h100_node(name: str) -> dict:
+    """8x H100 with the public paste's NV18 topology and its 400 Gb/s InfiniBand."""
+    gpus = [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559} for i in range(8)]
+    return {"name": name, "gpus": gpus, "topology": H100_PASTE, "network_gbps": 400, "rdma": True}
+
+
 # "Model size" of each model page on huggingface.co (safetensors metadata) / the model card, billions.
 PUBLISHED_B = {
+    "DeepSeek-V2-Lite": 15.7,
+    "DeepSeek-V3": 671.0,  # the main model; the 14B MTP module on top is for speculative decoding only
     "Llama-3.2-1B-Instruct": 1.24,
     "Llama-3.2-3B-Instruct": 3.21,
     "Mistral-7B-Instruct-v0.3": 7.25,
@@ -65,7 +71,8 @@ def test_it_counts_the_parameters_each_model_card_publishes(key: str) -> None:
 @pytest.mark.parametrize("key", sorted(PUBLISHED_B))
 def test_it_plans_every_bundled_model_by_its_hugging_face_id(key: str) -> None:
     repo = hf_catalog()[key]["hf_repo"]
-    result = plan(load_model(repo), load_cluster({"nodes": [H100_NODE]}), Request(max_model_len=8192))
+    cluster = load_cluster({"nodes": [h100_node("a"), h100_node("b")]})
+    result = plan(load_model(repo), cluster, Request(max_model_len=8192))
     assert result.best is not None, [p.message for c in result.rejected for p in c.problems]
     assert repo in result.to_json(limit=1)["plans"][0]["command"]
 
@@ -88,3 +95,18 @@ def test_it_takes_the_published_dtype_where_the_copy_was_re_saved() -> None:
     header, body = read_fixture(FIXTURES / "configs" / "Qwen3-8B.txt")
     assert fixture_config(body)["dtype"] == "float32" and header["override"] == "dtype bfloat16"
     assert load_model("Qwen/Qwen3-8B").native_format == "bf16"
+
+
+def test_it_caches_one_latent_per_token_and_layer_for_deepseek_mla() -> None:
+    """DeepSeek-V2 paper, table 1: MLA caches (d_c + d_h^R) values per token and layer, for all heads."""
+    v3 = load_model("deepseek-ai/DeepSeek-V3")
+    assert (v3.kv_lora_rank, v3.qk_rope_head_dim, v3.dense_layers, v3.native_format) == (512, 64, 3, "fp8")
+    assert v3.kv_elements_per_token() == 61 * (512 + 64)
+    assert v3.active_params / 1e9 == pytest.approx(37.5, abs=0.2)  # 36.6B activated + 0.9B embedding
+    cluster = load_cluster({"nodes": [h100_node("a"), h100_node("b")]})
+    best = plan(v3, cluster, Request(max_model_len=8192)).best
+    assert best is not None and best.layout.multi_node  # 627 GiB of FP8 weights need both nodes
+    per_gpu = best.memory.gpus[0]
+    stage_layers = best.layout.layers[0]
+    latent_bytes = stage_layers * (512 + 64) * 2  # whole on every TP rank, 16-bit KV
+    assert per_gpu.kv_tokens == pytest.approx(per_gpu.parts["kv_cache"] * 2**30 / latent_bytes, rel=0.02)

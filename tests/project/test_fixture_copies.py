@@ -13,7 +13,7 @@ def bundled_files() -> list:
 
 def test_it_bundles_every_kind_the_tests_read() -> None:
     counts = {kind: sum(1 for p in (BUNDLED / kind).iterdir() if p.is_file()) for kind in KINDS}
-    assert counts == {"topo": 43, "logs": 32, "metrics": 6, "placement": 9, "configs": 17}
+    assert counts == {"topo": 43, "logs": 32, "metrics": 6, "placement": 9, "configs": 19}
 
 
 @pytest.mark.parametrize(
