@@ -84,6 +84,27 @@ class Topology(Strict):
     p2p: dict[str, list[TopoLink]] = {}
 
 
+# ---------------------------------------------------------------- models on the node (issue #14, 1.7)
+
+MAX_NODE_MODELS = 32
+MAX_MODEL_FIELD = 200
+MAX_MODEL_CONFIG_CHARS = 4096  # 32 x 4 KiB stays well inside MAX_FRAME_BYTES with the rest of a hello
+
+
+class LocalModel(Strict):
+    """A model found in one of the agent's --model-dir folders: a Hugging Face checkpoint folder (`config` holds
+    the config.json keys the planner reads, as JSON) or a GGUF file (header metadata only)."""
+
+    path: Annotated[str, Field(min_length=1, max_length=1024)]
+    name: Annotated[str, Field(min_length=1, max_length=MAX_MODEL_FIELD)]
+    format: Literal["hf", "gguf"]
+    architecture: Annotated[str, Field(max_length=MAX_MODEL_FIELD)] = ""
+    quantization: Annotated[str, Field(max_length=MAX_MODEL_FIELD)] = ""
+    size_bytes: Counter = 0
+    size_label: Annotated[str, Field(max_length=MAX_MODEL_FIELD)] = ""
+    config: Annotated[str, Field(max_length=MAX_MODEL_CONFIG_CHARS)] = ""
+
+
 class Envelope(Strict):
     """What every frame carries first: `type` (narrowed to one Literal by each message) and the version."""
 
@@ -110,6 +131,7 @@ class Hello(Envelope):
     cuda_version: str = ""
     gpus: Annotated[list[GpuInfo], Field(max_length=64)]
     topology: Topology | None = None
+    models: Annotated[list[LocalModel], Field(max_length=MAX_NODE_MODELS)] = []
 
 
 class GpuProcess(Strict):

@@ -24,6 +24,7 @@ from agents import __version__, protocol
 from agents.backends import LaunchRefused
 from agents.canary import ProbeOutcome
 from agents.gpus.base import GpuSource, GpuSourceError, LoadAware
+from agents.inventory import scan_model_dirs
 from agents.ring import Outbox, outbox_owner
 from agents.supervisor import Supervisor
 
@@ -143,6 +144,7 @@ class Agent:
             cuda_version=self.source.cuda_version(),
             gpus=self.source.inventory(),
             topology=self.source.topology(),
+            models=scan_model_dirs(self.model_dirs),
         )
         return protocol.dump(message)
 

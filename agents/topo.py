@@ -39,6 +39,11 @@ ATTR_VALUE_RES = {
 LEGEND_RE = re.compile(r"\s*(?:NIC\s+)?Legend\s*:", re.IGNORECASE)
 NIC_LEGEND_RE = re.compile(r"\b(NIC\d+)\s*:\s*(?!NIC\d+\s*:)([A-Za-z][\w.-]*)")
 TOPO_COMMAND_RE = re.compile(r"\btopo\b")
+# `python3 -m sglang.check_env` (and lmdeploy's) print the matrix under this title; their pastes run the CPU
+# affinity into the NUMA column on some rows and fuse link cells at wide columns ("NODENODE").
+CHECK_ENV_RE = re.compile(r"NVIDIA Topology:\s*$")
+FUSED_LABELS_RE = re.compile(r"(?:NV\d+|PIX|PXB|PHB|NODE|SYS|SOC){2,}")
+LABEL_PIECE_RE = re.compile(r"NV\d+|PIX|PXB|PHB|NODE|SYS|SOC")
 P2P_MODE_RE = re.compile(r"\btopo\s+(?:-p2p|--p2pstatus)\s+([rwnap]+)(?!\S)")
 
 SMI_BANNER_RE = re.compile(r"NVIDIA-SMI\s+\d")
@@ -64,6 +69,7 @@ class Header:
     prefix: str  # whatever precedes GPU0 on the header line, e.g. a glued command
     devices: list[str]
     attrs: list[str]
+    lenient: bool = False  # check_env output: unreadable affinity columns are left unknown, not refused
 
     @property
     def gpus(self) -> list[str]:
@@ -80,6 +86,7 @@ class Row:
     name: str
     cells: list[str]
     attrs: dict[str, str]
+    unread: str | None = None  # why this row's affinity columns were left unknown (check_env pastes only)
 
 
 # ---------------------------------------------------------------- cleaning
@@ -107,8 +114,17 @@ def find_header(lines: list[str], start: int = 0) -> Header | None:
     for index in range(start, len(lines)):
         for match in GPU_TOKEN_RE.finditer(lines[index]):
             if _opens_matrix(lines, index, match.group()):
-                return _parse_header(lines[index], index + 1, match.start())
+                header = _parse_header(lines[index], index + 1, match.start())
+                header.lenient = _under_check_env_title(lines, index, header.prefix)
+                return header
     return None
+
+
+def _under_check_env_title(lines: list[str], index: int, prefix: str) -> bool:
+    if CHECK_ENV_RE.search(prefix):
+        return True
+    before = [line for line in lines[:index] if line.strip()]
+    return bool(before) and bool(CHECK_ENV_RE.search(before[-1])) and not prefix.strip()
 
 
 def _opens_matrix(lines: list[str], index: int, first_device: str) -> bool:
@@ -190,17 +206,37 @@ def _looks_like_row(tokens: list[str]) -> bool:
 
 
 def _parse_row(tokens: list[str], line_no: int, header: Header, position: int) -> Row:
+    if header.lenient:
+        tokens = split_fused_labels(tokens)
     name, width = tokens[0], len(header.devices)
     cells, extra = tokens[1 : width + 1], _unglue_na(tokens[width + 1 :])
     expected_attrs = header.attrs if name in header.gpus else []
-    if len(cells) < width or len(extra) != len(expected_attrs):
+    short = len(extra) < len(expected_attrs) and header.lenient
+    if len(cells) < width or (len(extra) != len(expected_attrs) and not short):
         total = len(cells) + len(extra)
         columns = width + len(expected_attrs)
         raise TopologyParseError(f"row {name} has {total} cells, header has {columns} columns", line_no)
     _check_cells(cells, name, header.devices, position, line_no)
+    if header.lenient and not _attrs_read(expected_attrs, extra):
+        unread = f"line {line_no}: row {name}: affinity columns '{' '.join(extra)}' do not match the header's"
+        return Row(line_no, name, cells, {}, unread + f" {', '.join(expected_attrs)}; left unknown")
     attrs = dict(zip(expected_attrs, extra, strict=True))
     _check_attrs(attrs, name, line_no)
     return Row(line_no, name, cells, attrs)
+
+
+def split_fused_labels(tokens: list[str]) -> list[str]:
+    """'NODENODE' -> 'NODE', 'NODE': link cells that ran together; each piece is still checked as a cell."""
+    found = []
+    for token in tokens:
+        found += LABEL_PIECE_RE.findall(token) if FUSED_LABELS_RE.fullmatch(token) else [token]
+    return found
+
+
+def _attrs_read(expected: list[str], values: list[str]) -> bool:
+    return len(values) == len(expected) and all(
+        ATTR_VALUE_RES[column].fullmatch(value) for column, value in zip(expected, values, strict=True)
+    )
 
 
 def _unglue_na(tokens: list[str]) -> list[str]:
@@ -298,6 +334,11 @@ def _nic_devices(lines: list[str], start: int, nics: list[str]) -> dict[str, str
 def _parse_matrix(lines: list[str], header: Header) -> dict[str, Any]:
     rows, end = read_rows(lines, header)
     _refuse_trailing_rows(lines, end)
+    return assemble_matrix(lines, header, rows, end)
+
+
+def assemble_matrix(lines: list[str], header: Header, rows: list[Row], end: int) -> dict[str, Any]:
+    """The protocol object from checked rows; `end` is the index of the first line after the matrix."""
     command = _last_topo_command(lines, header)
     kind = _matrix_kind(rows, header, command)
     links = _links(rows, header.devices)
@@ -379,7 +420,32 @@ def _smi_gpu(lines: list[str], index: int, name_cell: str) -> dict[str, Any]:
 
 def parse_topology(text: str) -> dict[str, Any]:
     """Parse one pasted matrix, P2P matrix or nvidia-smi table into the JSON object of the agent protocol."""
+    return read_topology(text)[0]
+
+
+def read_topology(text: str) -> tuple[dict[str, Any], list[str]]:
+    """parse_topology plus notes on what was read leniently (affinity columns of check_env pastes)."""
     lines = clean_lines(text)
+    try:
+        topo = _parse_lines(lines)
+    except TopologyParseError as error:
+        from agents.topo_stream import parse_commented_stream
+
+        topo = parse_commented_stream(lines)
+        if topo is None:
+            raise error from None
+        return topo, []
+    return topo, _unread_notes(lines)
+
+
+def _unread_notes(lines: list[str]) -> list[str]:
+    header = find_header(lines)
+    if header is None or not header.lenient:
+        return []
+    return [row.unread for row in read_rows(lines, header)[0] if row.unread]
+
+
+def _parse_lines(lines: list[str]) -> dict[str, Any]:
     if _next_filled(lines, 0) is None:
         raise TopologyParseError(
             "empty input: expected nvidia-smi topo -m, topo -p2p or nvidia-smi output", 1
@@ -516,13 +582,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
-        topo = parse_topology(decode_paste(data))
+        topo, notes = read_topology(decode_paste(data))
     except OSError as error:
         print(f"error: cannot read {args.file}: {error.strerror}", file=sys.stderr)
         return 1
     except TopologyParseError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     print(json.dumps(topo, indent=2) if args.json else format_human(topo))
     return 0
 

@@ -7,18 +7,31 @@ Fleets mix four node types (8x H100 SXM NV18, 8x A100 SXM NV12, 8x L40S as two 4
   * "typical": 30 % of nodes run other work (used memory varies per GPU), the rest are idle;
   * "all distinct": every node has different free memory, so no two nodes share a plan (worst case).
 Reported: best wall time of `plan()` over --repeat runs, plus rendering the top 10 plans as JSON.
+
+`--cli` times the whole command instead, `python -m placement plan --cluster FILE` in a fresh interpreter
+(start-up, imports, reading the JSON, parsing every node's topology, planning, printing), on fleets of 8x H100
+nodes whose `topology` is the raw `nvidia-smi topo -m` text of a public 8x H100 paste (fixture
+036_penny-8xh100-nv18-13nic-ib-eth-unindented), as the cluster schema allows; 30 % of nodes are busy.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+H100_PASTE = (
+    REPO / "tests" / "data" / "fixtures" / "topo" / "036_penny-8xh100-nv18-13nic-ib-eth-unindented.txt"
+)
+CLI_SIZES = (100, 250, 500, 1000)
 
 from placement import Request, load_cluster, load_model, plan  # noqa: E402
 
@@ -80,11 +93,62 @@ def time_plan(model_ref: str, nodes: int, pattern: str, repeat: int) -> tuple[fl
     return best_plan, best_json, len(result.plans), len(result.rejected)
 
 
+def raw_text_fleet(nodes: int, seed: int = 7) -> dict[str, Any]:
+    """8x H100 nodes, each with its own copy of the public paste as raw text."""
+    paste = H100_PASTE.read_text(encoding="utf-8").partition("\n---\n")[2]
+    rng = random.Random(seed)
+    built = []
+    for n in range(nodes):
+        busy = rng.random() < 0.3
+        gpus = [
+            {
+                "index": i,
+                "name": "NVIDIA H100 80GB HBM3",
+                "memory_total_mib": 81559,
+                "memory_free_mib": round(81559 * (1 - rng.uniform(0.02, 0.5))) if busy else 81559,
+            }
+            for i in range(8)
+        ]
+        built.append(
+            {"name": f"h100-{n:04d}", "gpus": gpus, "topology": paste, "network_gbps": 400, "rdma": True}
+        )
+    return {"nodes": built}
+
+
+def time_cli(model_ref: str, nodes: int, repeat: int) -> tuple[float, int]:
+    """Best wall time of the whole `python -m placement plan` command, and its exit code."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "cluster.json"
+        path.write_text(json.dumps(raw_text_fleet(nodes)), encoding="utf-8")
+        argv = [sys.executable, "-m", "placement", "plan", "--model", model_ref, "--cluster", str(path)]
+        argv += ["--max-model-len", "8192", "--concurrency", "8", "--limit", "10"]
+        best, code = float("inf"), 0
+        for _ in range(repeat):
+            start = time.perf_counter()
+            code = subprocess.run(argv, cwd=REPO, stdout=subprocess.DEVNULL, check=False).returncode
+            best = min(best, time.perf_counter() - start)
+    return best, code
+
+
+def main_cli(model_ref: str, repeat: int) -> int:
+    print(f"whole CLI, model {model_ref}, 8x H100 nodes with raw topo text, best of {repeat}")
+    print(f"{'nodes':>6s} {'wall s':>8s} {'per node ms':>12s} {'exit':>5s}")
+    for nodes in CLI_SIZES:
+        wall, code = time_cli(model_ref, nodes, repeat)
+        print(f"{nodes:6d} {wall:8.3f} {wall / nodes * 1e3:12.3f} {code:5d}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="Llama-3.1-70B-Instruct")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--cli", action="store_true", help="time the whole `python -m placement plan` command"
+    )
     args = parser.parse_args()
+    if args.cli:
+        return main_cli(args.model, args.repeat)
     print(f"model {args.model}, 8 GPUs per node, best of {args.repeat}")
     print(
         f"{'pattern':13s} {'nodes':>6s} {'plan() s':>9s} {'per node ms':>12s} {'top-10 JSON s':>14s} "

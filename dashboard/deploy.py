@@ -21,6 +21,7 @@ from dashboard.fleet import latest_samples
 from dashboard.jobs import Job, LaunchMembers, StopProcesses
 from dashboard.models import Deployment, DeploymentEvent, DeploymentMember, Node, PlanRequest
 from dashboard.models.deployments import member_failure_text
+from dashboard.node_models import reported_spec
 from placement import PlacementError, Request, load_cluster, plan
 from placement.plan_model import Plan, PlanSettings
 from placement.spec import load_model_within, spec_from_hf_config
@@ -128,7 +129,7 @@ def request_model(row: PlanRequest):
     """The model to plan: the uploaded config.json, a file under settings.MODEL_DIRS, or a catalog entry. Any
     other path is never read (an operator's browser must not read the server's files)."""
     if not row.config:
-        return load_model_within(row.model_ref, settings.MODEL_DIRS)
+        return reported_spec(row.model_ref) or load_model_within(row.model_ref, settings.MODEL_DIRS)
     try:
         return spec_from_hf_config(row.config, row.model_ref, row.model_ref, "uploaded config.json")
     except (KeyError, TypeError, ValueError) as exc:

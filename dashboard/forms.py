@@ -7,6 +7,7 @@ from typing import Any
 from django import forms
 
 from dashboard.models import Alert, Node, PlanRequest
+from dashboard.node_models import model_options
 
 BACKENDS = [
     ("", "any"),
@@ -22,8 +23,9 @@ class DeployForm(forms.Form):
         max_length=500,
         required=False,
         label="Model",
-        help_text="a catalog name (Qwen3-VL-32B-Instruct), an HF id, or a path to a config.json / GGUF under the "
-        "server's model directories (MODEL_DIRS), the same path on the node",
+        help_text="a model an agent found in its --model-dir (offered by name), a catalog name "
+        "(Qwen3-VL-32B-Instruct), an HF id, or a path to a config.json / GGUF under the server's model "
+        "directories (MODEL_DIRS), the same path on the node",
     )
     config = forms.FileField(required=False, label="or upload config.json")
     max_model_len = forms.IntegerField(min_value=16, max_value=10_000_000, initial=8192, label="Max context")
@@ -40,6 +42,11 @@ class DeployForm(forms.Form):
         label="Tensor parallel",
         help_text="1 = no tensor parallelism (pipeline / layer split only); empty = any",
     )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["model"].widget.attrs["list"] = "model-options"
+        self.model_options = model_options()
 
     def clean_gpus(self) -> str:
         value = self.cleaned_data["gpus"].replace(" ", "")

@@ -44,6 +44,7 @@ from agents.protocol import (
 from dashboard import deploy
 from dashboard.jobs import Job
 from dashboard.models import Deployment, Gpu, GpuSample, Link, LogChunk, Node
+from dashboard.node_models import sync_node_models
 
 log = logging.getLogger(__name__)
 AckCallback = Callable[[int], Awaitable[None]]
@@ -74,6 +75,7 @@ def apply_hello(node: Node, hello: Hello) -> dict[int, int]:
             return dict(node.gpus.values_list("index", "pk"))
         gpu_ids = _sync_gpus(node, hello)
         _sync_links(node, hello)
+        sync_node_models(node, hello)
     return gpu_ids
 
 
@@ -81,6 +83,7 @@ def inventory_digest(hello: Hello) -> str:
     inventory = {
         "gpus": [g.model_dump() for g in hello.gpus],
         "topology": hello.topology.model_dump() if hello.topology else None,
+        "models": [m.model_dump() for m in hello.models],
     }
     return hashlib.sha256(json.dumps(inventory, sort_keys=True).encode()).hexdigest()
 

@@ -75,6 +75,7 @@ def gpu_table() -> tuple[GpuModel, ...]:
     )
 
 
+@cache
 def match_gpu_model(name: str, memory_total_mib: float) -> GpuModel | None:
     """The table row for an nvidia-smi GPU name: family token must match, hints and memory break ties."""
     tokens = set(re.findall(r"[a-z0-9]+", name.lower()))
@@ -201,6 +202,43 @@ class Cluster:
 # ---------------------------------------------------------------- loading
 
 
+@dataclass
+class TopologyMemo:
+    """Per-load memo: a fleet's nodes mostly share a handful of topologies (often as the same raw
+    `nvidia-smi topo -m` text), so each distinct text is parsed once and each distinct
+    (topology, p2p, GPU link properties) gets its link table built once; nodes share the result."""
+
+    parsed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    links: dict[tuple[Any, ...], dict[tuple[int, int], Link]] = field(default_factory=dict)
+
+    def topology(self, value: Any, where: str) -> dict[str, Any] | None:
+        if not isinstance(value, str):
+            return _topology(value, where)
+        found = self.parsed.get(value)
+        if found is None:
+            found = self.parsed[value] = _topology(value, where)
+        return found
+
+    def node_links(
+        self, gpus: list[GPU], raw: dict[str, Any], topo: dict[str, Any] | None, p2p: dict[str, Any] | None
+    ) -> dict[tuple[int, int], Link]:
+        """The node's link table, shared with every node of the same topology text and GPU properties.
+        Only raw texts (or no topology) are keys: a parsed object given inline is built for its node."""
+        texts = (raw.get("topology"), raw.get("p2p"))
+        if not all(text is None or isinstance(text, str) for text in texts):
+            return _links(gpus, topo, p2p)
+        key = (*texts, tuple(_link_properties(g) for g in gpus))
+        found = self.links.get(key)
+        if found is None:
+            found = self.links[key] = _links(gpus, topo, p2p)
+        return found
+
+
+def _link_properties(gpu: GPU) -> tuple[Any, ...]:
+    """What a GPU's links are built from (besides the topology)."""
+    return gpu.index, gpu.nvlink_gbs_total, gpu.nvlink_gen, gpu.pcie_gen, gpu.driver_p2p
+
+
 def load_cluster(obj_or_path: dict[str, Any] | str | Path) -> Cluster:
     """A Cluster from the parsed JSON object or a path to the JSON file. A node whose entry is unusable is
     left out and listed in `rejected_nodes` with the reason; only a cluster with no usable node is an error."""
@@ -216,10 +254,11 @@ def load_cluster(obj_or_path: dict[str, Any] | str | Path) -> Cluster:
 
 def _read_nodes(nodes: list[Any]) -> tuple[list[Node], list[NodeRejection]]:
     built, rejected = [], []
+    memo = TopologyMemo()
     for i, raw in enumerate(nodes):
         where = f"cluster: nodes[{i}]"
         try:
-            built.append(_node(raw, where))
+            built.append(_node(raw, where, memo))
         except NODE_INPUT_ERRORS as exc:
             name = raw.get("name") if isinstance(raw, dict) else None
             name = name if isinstance(name, str) and name else f"nodes[{i}]"
@@ -267,7 +306,7 @@ def _number(raw: dict[str, Any], key: str, where: str, default: float | None = N
     return float(value)
 
 
-def _node(raw: Any, where: str) -> Node:
+def _node(raw: Any, where: str, memo: TopologyMemo) -> Node:
     if not isinstance(raw, dict):
         raise PlacementError(f"{where}: expected an object")
     name = raw.get("name")
@@ -277,8 +316,8 @@ def _node(raw: Any, where: str) -> Node:
     gpus_raw = raw.get("gpus")
     if not isinstance(gpus_raw, list) or not gpus_raw:
         raise PlacementError(f"{where}: 'gpus' must be a non-empty list")
-    topo = _topology(raw.get("topology"), f"{where} topology")
-    p2p = _topology(raw.get("p2p"), f"{where} p2p")
+    topo = memo.topology(raw.get("topology"), f"{where} topology")
+    p2p = memo.topology(raw.get("p2p"), f"{where} p2p")
     numa = _numa_by_index(topo)
     gpus = sorted(
         (_gpu(g, name, f"{where} gpus[{i}]", numa) for i, g in enumerate(gpus_raw)), key=lambda g: g.index
@@ -299,7 +338,7 @@ def _node(raw: Any, where: str) -> Node:
         raw.get("address"),
         topo is not None,
     )
-    node.links = _links(gpus, topo, p2p)
+    node.links = memo.node_links(gpus, raw, topo, p2p)
     return node
 
 

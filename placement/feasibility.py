@@ -126,6 +126,17 @@ def network_issues(layout: Layout) -> tuple[list[Issue], list[Issue]]:
     if not layout.multi_node:
         return [], []
     problems, risks = [], []
+    unknown_tp = spanning_tp_without_network(layout)
+    if unknown_tp:
+        problems.append(
+            Issue(
+                "network",
+                f"TP group {unknown_tp} spans nodes that give no network_gbps: its 2 all-reduces per layer "
+                "per token would cross a network of unknown speed, which is never free (a measured 2-node "
+                "TP=2 run was 5.4x slower than a plan that ignored it); give each node's network_gbps, or "
+                "keep TP inside a node and use PP across nodes",
+            )
+        )
     if any(link is not None and link.kind == NETWORK for link in layout.tp_links):
         problems.append(
             Issue(
@@ -142,6 +153,14 @@ def network_issues(layout: Layout) -> tuple[list[Issue], list[Issue]]:
     if slow and not all("RDMA" in link.label for link in slow):
         risks.append(_slow_network(layout.backend, min(slow, key=lambda link: link.busbw_gbs)))
     return problems, risks
+
+
+def spanning_tp_without_network(layout: Layout) -> str | None:
+    """The GPUs of the first TP group that spans nodes whose network is not described, else None."""
+    for stage, link in zip(layout.stages, layout.tp_links, strict=True):
+        if link is None and len({gpu.node for gpu in stage}) > 1:
+            return " + ".join(gpu.label for gpu in stage)
+    return None
 
 
 def _slow_network(backend: str, link: Link) -> Issue:

@@ -167,7 +167,10 @@ def activation_bytes(model: ModelSpec, tp: int, tokens: int, seqs: int, first: b
 
 
 def kv_bytes_per_token(model: ModelSpec, layout: Layout, stage: int, kv_bytes: float) -> float:
-    """KV bytes one GPU of `stage` stores per token."""
+    """KV bytes one GPU of `stage` stores per token. MLA caches one latent per token and layer that every TP
+    rank holds whole (vLLM's MLA backends replicate it)."""
+    if model.is_mla:
+        return kv_layers_in(model, layout.layers[stage]) * model.mla_latent_width * kv_bytes
     heads = kv_heads_per_rank(model, layout.tp)
     return 2 * kv_layers_in(model, layout.layers[stage]) * heads * model.head_dim * kv_bytes
 

@@ -29,6 +29,8 @@ def kv_bytes_per_layer(model: ModelSpec, settings: Settings) -> float:
     min(n_ctx, window x n_seq + n_ubatch) cells, llama.cpp's swa cache size)."""
     tokens = kv_tokens_total(settings)
     per_token = 2 * model.num_kv_heads * model.head_dim * settings.kv_bytes
+    if model.is_mla:  # llama.cpp's deepseek2 graph caches the MLA latent, as vLLM does
+        per_token = model.mla_latent_width * settings.kv_bytes
     window = model.sliding_window or tokens
     swa_tokens = min(tokens, window * settings.concurrency + UBATCH)
     kv_layer_tokens = model.kv_layers * tokens + model.sliding_layers * swa_tokens

@@ -124,8 +124,17 @@ def backends_for(model: ModelSpec, request: Request) -> list[str]:
     return [b for b in wanted if requested_format(model, request, b) is not None]
 
 
+def default_format(model: ModelSpec, backend: str) -> str:
+    """What the backend loads when no dtype is asked for. vLLM's `--dtype auto` (and SGLang's) loads an
+    fp32 checkpoint in 16-bit ("auto will use FP16 precision for FP32 and FP16 models", vLLM engine args);
+    llama.cpp and Ollama run the GGUF types as they are."""
+    if model.native_format == "fp32" and FAMILY[backend] == HF:
+        return "fp16"
+    return model.native_format
+
+
 def requested_format(model: ModelSpec, request: Request, backend: str) -> WeightFormat | None:
-    fmt = weight_format(request.dtype or model.native_format)
+    fmt = weight_format(request.dtype or default_format(model, backend))
     if model.gguf is not None and FAMILY[backend] != GGUF:
         return None  # a GGUF file runs on llama.cpp/Ollama; vLLM's GGUF loader is experimental
     return format_for_family(fmt, FAMILY[backend])

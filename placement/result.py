@@ -81,6 +81,8 @@ def links_text(c: Candidate) -> str:
     lay = c.layout
     tp = sorted({link.describe() for link in lay.tp_links if link is not None})
     pp = sorted({link.describe() for link in lay.boundaries if link is not None})
+    if lay.tp > 1 and any(link is None for link in lay.tp_links):
+        tp.append("an unknown network between nodes (no network_gbps)")
     parts = [f"TP all-reduces over {', '.join(tp)}"] if tp else ["no TP"]
     parts.append(f"pipeline hand-offs over {', '.join(pp)}" if pp else "no pipeline boundary")
     return "; ".join(parts)

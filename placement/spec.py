@@ -67,6 +67,14 @@ class ModelSpec:
     sliding_layers: int = 0
     sliding_window: int | None = None
     vision: VisionSpec | None = None
+    # DeepSeek V2/V3 multi-head latent attention: K and V come from one cached latent of kv_lora_rank values
+    # plus a shared rope key of qk_rope_head_dim per token and layer (0: ordinary attention).
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    dense_layers: int = 0  # MoE models whose first layers keep a dense MLP (first_k_dense_replace)
     text_params: float | None = None  # published total (catalog) the geometry is scaled to
     hf_repo: str | None = None
     gguf: GgufTensors | None = None
@@ -82,6 +90,20 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def mla_latent_width(self) -> int:
+        """Values cached per token and layer under MLA (the latent and the rope key, all heads together)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def moe_fraction(self) -> float:
+        """Share of the layers that hold experts (the rest keep a dense MLP)."""
+        return (self.num_layers - self.dense_layers) / self.num_layers if self.is_moe else 0.0
 
     @property
     def kv_layers(self) -> int:
@@ -102,24 +124,39 @@ class ModelSpec:
 
     @property
     def attn_qo_params(self) -> float:
+        if self.is_mla:
+            return self._mla_q_params + self.num_heads * self.v_head_dim * self.hidden_size
         return 2.0 * self.hidden_size * self.num_heads * self.head_dim
 
     @property
+    def _mla_q_params(self) -> float:
+        per_head = self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+        if self.q_lora_rank:
+            return self.q_lora_rank * (self.hidden_size + per_head)
+        return float(self.hidden_size * per_head)
+
+    @property
     def attn_kv_params(self) -> float:
+        if self.is_mla:
+            up = self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
+            return float(self.hidden_size * self.mla_latent_width + up)
         return 2.0 * self.hidden_size * self.num_kv_heads * self.head_dim
 
     @property
     def expert_params(self) -> float:
-        """All experts of one layer (0 for dense)."""
-        return self.num_experts * 3.0 * self.hidden_size * self.expert_intermediate
+        """The experts of one layer, averaged over all layers (0 for dense)."""
+        return self.num_experts * 3.0 * self.hidden_size * self.expert_intermediate * self.moe_fraction
 
     @property
     def dense_mlp_params(self) -> float:
-        """The always-active MLP part of one layer: dense MLP, or shared experts + router for MoE."""
-        if self.is_moe:
-            shared = 3.0 * self.hidden_size * self.shared_expert_intermediate_size
-            return shared + self.hidden_size * self.num_experts
-        return 3.0 * self.hidden_size * self.intermediate_size
+        """The always-active MLP part of one layer, averaged over all layers: dense MLP, or shared experts +
+        router for MoE layers (and the dense MLP of the first `dense_layers`)."""
+        dense = 3.0 * self.hidden_size * self.intermediate_size
+        if not self.is_moe:
+            return dense
+        shared = 3.0 * self.hidden_size * self.shared_expert_intermediate_size
+        moe = shared + self.hidden_size * self.num_experts
+        return self.moe_fraction * moe + (1 - self.moe_fraction) * dense
 
     @cached_property
     def geometric_layer_params(self) -> float:
@@ -172,6 +209,8 @@ class ModelSpec:
 
     def kv_elements_per_token(self) -> int:
         """K+V elements per token over the layers that grow with context (all ranks together)."""
+        if self.is_mla:
+            return self.kv_layers * self.mla_latent_width
         return 2 * self.kv_layers * self.num_kv_heads * self.head_dim
 
 
@@ -195,6 +234,35 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+# Architectures whose HF config class interleaves sliding and full attention when the config has no
+# layer_types: every n-th layer is global (transformers' Gemma2Config alternates local/global, n=2;
+# Gemma3TextConfig and Cohere2Config read `sliding_window_pattern`, defaults 6 and 4).
+INTERLEAVED_DEFAULT_PATTERN = {"gemma2": 2, "gemma3_text": 6, "gemma3": 6, "cohere2": 4}
+# HF config classes whose `tie_word_embeddings` defaults to True (the rest default to False): a config.json
+# written by save_pretrained leaves out a value equal to the class default, as gemma-2-9b-it does.
+TIED_BY_DEFAULT = frozenset(
+    {"gemma", "gemma2", "gemma3", "gemma3_text", "cohere", "cohere2", "starcoder2", "gpt2"}
+)
+
+
+def _tied_embeddings(config: dict[str, Any], text: dict[str, Any]) -> bool:
+    for source in (config, text):
+        if isinstance(source.get("tie_word_embeddings"), bool):
+            return source["tie_word_embeddings"]
+    return str(text.get("model_type") or config.get("model_type")) in TIED_BY_DEFAULT
+
+
+def _interleaved(text: dict[str, Any], layers: int) -> tuple[int, int] | None:
+    """(full, sliding) layer counts for an architecture that interleaves them by default, else None."""
+    default = INTERLEAVED_DEFAULT_PATTERN.get(str(text.get("model_type")))
+    if default is None:
+        return None
+    pattern = text.get("sliding_window_pattern", default)
+    pattern = pattern if isinstance(pattern, int) and pattern > 0 else default
+    full = layers // pattern
+    return full, layers - full
+
+
 def _layer_kinds(text: dict[str, Any], layers: int, max_pos: int) -> tuple[int | None, int, int | None]:
     """(full-attention layers, sliding layers, window) from layer_types / sliding_window."""
     window = text.get("sliding_window")
@@ -204,6 +272,9 @@ def _layer_kinds(text: dict[str, Any], layers: int, max_pos: int) -> tuple[int |
         full = sum(1 for kind in kinds if kind == "full_attention")
         sliding = sum(1 for kind in kinds if kind == "sliding_attention")
         return full, sliding, window
+    interleaved = _interleaved(text, layers) if window and window < max_pos else None
+    if interleaved:
+        return interleaved[0], interleaved[1], window
     uses_window = text.get("use_sliding_window", True) and "max_window_layers" not in text
     if window and uses_window and window < max_pos:
         return 0, layers, window
@@ -264,10 +335,11 @@ def spec_from_hf_config(config: dict[str, Any], name: str, ref: str, source: str
     layers = _int(text, "num_hidden_layers", where)
     heads = _int(text, "num_attention_heads", where)
     kv_heads = _int(text, "num_key_value_heads", where, heads)
-    head_dim = _int(text, "head_dim", where, hidden // heads)
+    mla = _mla_fields(text)
+    mla_head = mla.get("qk_nope_head_dim", 0) + mla.get("qk_rope_head_dim", 0)
+    head_dim = _int(text, "head_dim", where, mla_head or hidden // heads)
     max_pos = _int(text, "max_position_embeddings", where, 4096)
     full, sliding, window = _layer_kinds(text, layers, max_pos)
-    experts = int(text.get("num_local_experts") or text.get("num_experts") or 0)
     arch = (config.get("architectures") or [text.get("model_type", "unknown")])[0]
     return ModelSpec(
         name=name,
@@ -282,17 +354,44 @@ def spec_from_hf_config(config: dict[str, Any], name: str, ref: str, source: str
         intermediate_size=_int(text, "intermediate_size", where),
         vocab_size=_int(text, "vocab_size", where),
         max_position_embeddings=max_pos,
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+        tie_word_embeddings=_tied_embeddings(config, text),
         native_format=native_format_of(config),
-        num_experts=experts,
-        experts_per_tok=int(text.get("num_experts_per_tok") or 0) if experts else 0,
-        moe_intermediate_size=int(text.get("moe_intermediate_size") or 0),
-        shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size") or 0),
+        **_moe_fields(text),
         full_attention_layers=full,
         sliding_layers=sliding,
         sliding_window=window,
         vision=_vision_from_config(config, where, hidden),
+        **mla,
     )
+
+
+def _moe_fields(text: dict[str, Any]) -> dict[str, int]:
+    """Experts as Mixtral/Qwen (num_local_experts / num_experts) or DeepSeek (n_routed_experts, n_shared_experts
+    of moe_intermediate_size each, first_k_dense_replace dense layers) name them."""
+    experts = int(
+        text.get("num_local_experts") or text.get("num_experts") or text.get("n_routed_experts") or 0
+    )
+    moe = int(text.get("moe_intermediate_size") or 0)
+    shared = (
+        int(text.get("shared_expert_intermediate_size") or 0) or int(text.get("n_shared_experts") or 0) * moe
+    )
+    return {
+        "num_experts": experts,
+        "experts_per_tok": int(text.get("num_experts_per_tok") or 0) if experts else 0,
+        "moe_intermediate_size": moe,
+        "shared_expert_intermediate_size": shared,
+        "dense_layers": int(text.get("first_k_dense_replace") or 0) if experts else 0,
+    }
+
+
+MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+
+
+def _mla_fields(text: dict[str, Any]) -> dict[str, int]:
+    rank = text.get("kv_lora_rank")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+        return {}
+    return {key: int(text.get(key) or 0) for key in MLA_KEYS}
 
 
 MAX_CONFIG_BYTES = 2_000_000  # a config.json is a few kB; anything this big is some other file
@@ -331,6 +430,19 @@ def catalog() -> dict[str, dict[str, Any]]:
     return json.loads(raw)
 
 
+@cache
+def hf_catalog() -> dict[str, dict[str, Any]]:
+    """Public config.json files bundled verbatim (placement/data/hf_configs.json): {key: {hf_repo, source,
+    config, overrides?}}; each is a copy of a fixture in tests/data/fixtures/configs, with its source."""
+    raw = resources.files("placement.data").joinpath("hf_configs.json").read_text(encoding="utf-8")
+    return json.loads(raw)
+
+
+def catalog_names() -> list[str]:
+    """Every model the planner knows by name, both catalogs."""
+    return sorted({*catalog(), *hf_catalog()})
+
+
 def _norm(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.lower())
 
@@ -351,7 +463,7 @@ def split_quant_suffix(name: str) -> tuple[str, str | None]:
 
 def find_catalog_key(ref: str) -> str | None:
     """Catalog key for an HF id, a path whose last part is a catalog name, or an Ollama-style tag."""
-    entries = catalog()
+    entries = {**hf_catalog(), **catalog()}
     last = re.sub(r"\.gguf$", "", ref.rstrip("/").split("/")[-1].removesuffix(":latest"), flags=re.IGNORECASE)
     by_norm = {_norm(key): key for key in entries}
     by_norm.update({_norm(entry.get("hf_repo", "")): key for key, entry in entries.items()})
@@ -379,7 +491,19 @@ def _catalog_vision(entry: dict[str, Any], text_hidden: int) -> VisionSpec | Non
     )
 
 
+def hf_catalog_spec(key: str, ref: str) -> ModelSpec:
+    entry = hf_catalog()[key]
+    config = {**entry["config"], **entry.get("overrides", {})}
+    spec = spec_from_hf_config(
+        config, key, ref, f"built-in config.json of {entry['hf_repo']} ({entry['source']})"
+    )
+    spec.hf_repo = entry["hf_repo"]
+    return spec
+
+
 def catalog_spec(key: str, ref: str) -> ModelSpec:
+    if key not in catalog():
+        return hf_catalog_spec(key, ref)
     entry = catalog()[key]
     spec = spec_from_hf_config(entry, key, ref, f"built-in catalog entry '{key}'")
     spec.vision = _catalog_vision(entry, spec.hidden_size)
@@ -449,7 +573,7 @@ def _load_path(path: Path, ref: str) -> ModelSpec:
 def _from_catalog(ref: str, no_file: str) -> ModelSpec:
     key = find_catalog_key(ref)
     if key is None:
-        known = ", ".join(sorted(catalog()))
+        known = ", ".join(catalog_names())
         raise PlacementError(f"unknown model '{ref}': {no_file}, and not in the built-in catalog ({known})")
     return catalog_spec(key, ref)
 

@@ -13,11 +13,11 @@ REPO = Path(__file__).resolve().parent.parent
 BUNDLED = REPO / "tests" / "data" / "fixtures"
 UPSTREAM = REPO.parent / "shared" / "fixtures"
 FIXTURES = Path(os.environ.get("LAYERCAKE_FIXTURES", BUNDLED))
-KINDS = ("topo", "logs", "metrics", "placement", "startup")
+KINDS = ("topo", "logs", "metrics", "placement", "startup", "configs")
 
 
 def fixture_files(kind: str, pattern: str = "*") -> list[Path]:
-    """Every fixture file of one kind (topo, logs, metrics, placement, startup), sorted by name."""
+    """Every fixture file of one kind (topo, logs, metrics, placement, startup, configs), sorted by name."""
     return sorted(p for p in (FIXTURES / kind).glob(pattern) if p.is_file())
 
 

@@ -9,7 +9,7 @@ from dashboard.models.deployments import (
     DeploymentMetric,
     PlanRequest,
 )
-from dashboard.models.fleet import AgentToken, Gpu, GpuSample, Link, LogChunk, Node
+from dashboard.models.fleet import AgentToken, Gpu, GpuSample, Link, LogChunk, Node, NodeModel
 from dashboard.models.measurements import DeploymentMeasurement
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "Link",
     "LogChunk",
     "Node",
+    "NodeModel",
     "Notification",
     "PlanRequest",
 ]

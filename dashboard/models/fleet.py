@@ -142,6 +142,27 @@ class Gpu(models.Model):
         return f"{self.node.name} GPU{self.index} ({self.name})"
 
 
+class NodeModel(models.Model):
+    """A model the node's agent found in its --model-dir folders (reported in its hello; replaced each time)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="local_models")
+    path = models.CharField(max_length=1024)
+    name = models.CharField(max_length=200)
+    format = models.CharField(max_length=8)  # hf or gguf
+    architecture = models.CharField(max_length=200, blank=True)
+    quantization = models.CharField(max_length=200, blank=True)
+    size_bytes = models.BigIntegerField(default=0)
+    size_label = models.CharField(max_length=200, blank=True)
+    config = models.JSONField(null=True, blank=True)  # the config.json keys the planner reads (hf only)
+
+    class Meta:
+        ordering = ["name", "node", "path"]
+        constraints = [models.UniqueConstraint(fields=["node", "path"], name="nodemodel_unique_path")]
+
+    def __str__(self) -> str:
+        return f"{self.name} on {self.node.name} ({self.path})"
+
+
 class Link(models.Model):
     """One unordered pair of devices (GPU or NIC) on a node, as nvidia-smi topo labels it."""
 

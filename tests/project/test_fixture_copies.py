@@ -14,7 +14,7 @@ def bundled_files() -> list:
 
 def test_it_bundles_every_kind_the_tests_read() -> None:
     counts = {kind: sum(1 for p in (BUNDLED / kind).iterdir() if p.is_file()) for kind in KINDS}
-    assert counts == {"topo": 41, "logs": 50, "metrics": 6, "placement": 30, "startup": 4}
+    assert counts == {"topo": 43, "logs": 50, "metrics": 6, "placement": 30, "startup": 4, "configs": 19}
 
 
 @pytest.mark.parametrize(
@@ -22,7 +22,7 @@ def test_it_bundles_every_kind_the_tests_read() -> None:
     [
         p
         for p in bundled_files()
-        if p.parent.name in ("topo", "logs", "metrics", "startup") or p.suffix == ".txt"
+        if p.parent.name in ("topo", "logs", "metrics", "startup", "configs") or p.suffix == ".txt"
     ],
     ids=lambda p: p.name[:3],
 )
