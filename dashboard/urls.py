@@ -1,6 +1,7 @@
 from django.urls import path
 
-from dashboard import alert_views, views
+from dashboard import alert_views, token_views, views
+from dashboard.api import api
 
 urlpatterns = [
     path("", views.fleet_page, name="fleet"),
@@ -19,4 +20,7 @@ urlpatterns = [
     path("alerts/<int:pk>/", alert_views.alert_page, name="alert"),
     path("alerts/<int:pk>/acknowledge/", alert_views.alert_acknowledge, name="alert-acknowledge"),
     path("alerts/<int:pk>/replan/", alert_views.alert_replan, name="alert-replan"),
+    path("account/tokens/", token_views.api_tokens_page, name="api-tokens"),
+    path("api/v1/docs/", token_views.api_docs, name="api-docs"),
+    path("api/v1/", api.urls),
 ]

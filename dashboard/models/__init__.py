@@ -1,6 +1,7 @@
 """Fleet models (nodes, tokens, GPUs, links, samples), deployment models and alert models."""
 
 from dashboard.models.alerts import Alert, AlertEvent, Channel, Notification
+from dashboard.models.api_tokens import ApiToken
 from dashboard.models.deployments import (
     Deployment,
     DeploymentEvent,
@@ -13,6 +14,7 @@ from dashboard.models.fleet import AgentToken, Gpu, GpuSample, Link, LogChunk, N
 __all__ = [
     "AgentToken",
     "Alert",
+    "ApiToken",
     "AlertEvent",
     "Channel",
     "Deployment",

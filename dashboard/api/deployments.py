@@ -1,0 +1,84 @@
+"""/api/v1/deployments/: list, one deployment, deploy a plan, stop, restart, delete."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.shortcuts import get_object_or_404
+from ninja import Query, Router
+from ninja.pagination import paginate
+
+from dashboard import deploy, fleet, roles, tasks
+from dashboard.api.auth import permit
+from dashboard.api.errors import ApiError
+from dashboard.api.schemas import ERRORS, DeploymentDetailOut, DeploymentIn, DeploymentOut
+from dashboard.choices import DeploymentState
+from dashboard.models import Deployment, PlanRequest
+
+router = Router(tags=["deployments"])
+STATES = [value for value, _, _ in DeploymentState.CHOICES]
+ACTIONS = {"stop": tasks.stop_deployment, "restart": tasks.restart_deployment}
+
+
+@router.get("/", response={200: list[DeploymentOut], **ERRORS}, summary="List deployments, newest first")
+@paginate
+def list_deployments(
+    request: HttpRequest,
+    state: str | None = Query(None, description=", ".join(STATES)),
+    node: str | None = Query(None, description="the head node's name"),
+) -> QuerySet[Deployment]:
+    if state is not None and state not in STATES:
+        raise ApiError(422, "invalid", f"state must be one of {', '.join(STATES)}", "state")
+    rows = Deployment.objects.select_related("node", "created_by").prefetch_related("members__node")
+    rows = rows.filter(state=state) if state else rows
+    return rows.filter(node__name=node) if node else rows
+
+
+@router.get("/{deployment_id}/", response={200: DeploymentDetailOut, **ERRORS}, summary="One deployment")
+def deployment_detail(request: HttpRequest, deployment_id: str) -> dict[str, Any]:
+    return detail_json(get_object_or_404(Deployment.objects.select_related("node"), pk=deployment_id))
+
+
+@router.post("/", response={202: DeploymentDetailOut, **ERRORS}, summary="Deploy a plan (launch queued)")
+def create_deployment(request: HttpRequest, payload: DeploymentIn) -> tuple[int, dict[str, Any]]:
+    permit(request, roles.DEPLOY)
+    row = get_object_or_404(PlanRequest, pk=payload.plan_request)
+    try:
+        deployment = deploy.create_deployment(row, payload.number, request.user, payload.override_busy)
+    except deploy.DeployError as exc:
+        raise ApiError(409, "cannot_deploy", str(exc)) from None
+    tasks.launch_deployment.delay(deployment.pk)
+    return 202, detail_json(deployment)
+
+
+@router.post("/{deployment_id}/{action}/", response={202: DeploymentOut, **ERRORS}, summary="Stop or restart")
+def deployment_action(request: HttpRequest, deployment_id: str, action: str) -> tuple[int, Deployment]:
+    if action not in ACTIONS:
+        raise ApiError(404, "not_found", f"unknown action {action}: stop or restart")
+    permit(request, roles.CONTROL)
+    deployment = get_object_or_404(Deployment, pk=deployment_id)
+    ACTIONS[action].delay(deployment.pk)
+    return 202, deployment
+
+
+@router.delete("/{deployment_id}/", response={204: None, **ERRORS}, summary="Delete a stopped or failed one")
+def delete_deployment(request: HttpRequest, deployment_id: str) -> tuple[int, None]:
+    permit(request, roles.CONTROL)
+    deployment = get_object_or_404(Deployment, pk=deployment_id)
+    try:
+        deploy.delete_deployment(deployment)
+    except deploy.DeployError as exc:
+        raise ApiError(409, "still_running", str(exc)) from None
+    return 204, None
+
+
+def detail_json(deployment: Deployment) -> dict[str, Any]:
+    return {
+        **DeploymentOut.from_orm(deployment).dict(),
+        "events": list(deployment.events.values("t", "state", "detail")),
+        "plan": deployment.plan,
+        "launch": deployment.launch,
+        "log_tail": fleet.log_tail(deployment),
+    }
