@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
-from ninja import Router
+from ninja import Router, Status
 from ninja.pagination import paginate
 
 from dashboard import roles
@@ -28,13 +26,14 @@ def list_tokens(request: HttpRequest, node: str | None = None) -> QuerySet[Agent
 
 
 @router.post("/", response={201: AgentTokenIssued, **ERRORS}, summary="Issue an agent token (admins)")
-def issue_token(request: HttpRequest, payload: AgentTokenIn) -> tuple[int, dict[str, Any]]:
+def issue_token(request: HttpRequest, payload: AgentTokenIn) -> Status:
     permit(request, roles.AGENT_TOKENS)
     try:
         row, plaintext = AgentToken.issue_for(payload.node, payload.revoke_others)
     except ValueError as exc:
         raise ApiError(422, "invalid", str(exc), "node") from None
-    return 201, {**AgentTokenOut.from_orm(row).dict(), "token": plaintext}
+    row.token = plaintext  # on this answer only
+    return Status(201, row)
 
 
 @router.post("/{token_id}/revoke/", response={200: AgentTokenOut, **ERRORS}, summary="Revoke (admins)")

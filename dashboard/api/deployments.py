@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
-from ninja import Query, Router
+from ninja import Query, Router, Status
 from ninja.pagination import paginate
 
-from dashboard import deploy, fleet, roles, tasks
+from dashboard import deploy, roles, tasks
 from dashboard.api.auth import permit
 from dashboard.api.errors import ApiError
 from dashboard.api.schemas import ERRORS, DeploymentDetailOut, DeploymentIn, DeploymentOut
@@ -37,12 +35,12 @@ def list_deployments(
 
 
 @router.get("/{deployment_id}/", response={200: DeploymentDetailOut, **ERRORS}, summary="One deployment")
-def deployment_detail(request: HttpRequest, deployment_id: str) -> dict[str, Any]:
-    return detail_json(get_object_or_404(Deployment.objects.select_related("node"), pk=deployment_id))
+def deployment_detail(request: HttpRequest, deployment_id: str) -> Deployment:
+    return get_object_or_404(Deployment.objects.select_related("node"), pk=deployment_id)
 
 
 @router.post("/", response={202: DeploymentDetailOut, **ERRORS}, summary="Deploy a plan (launch queued)")
-def create_deployment(request: HttpRequest, payload: DeploymentIn) -> tuple[int, dict[str, Any]]:
+def create_deployment(request: HttpRequest, payload: DeploymentIn) -> Status:
     permit(request, roles.DEPLOY)
     row = get_object_or_404(PlanRequest, pk=payload.plan_request)
     try:
@@ -50,35 +48,25 @@ def create_deployment(request: HttpRequest, payload: DeploymentIn) -> tuple[int,
     except deploy.DeployError as exc:
         raise ApiError(409, "cannot_deploy", str(exc)) from None
     tasks.launch_deployment.delay(deployment.pk)
-    return 202, detail_json(deployment)
+    return Status(202, deployment)
 
 
 @router.post("/{deployment_id}/{action}/", response={202: DeploymentOut, **ERRORS}, summary="Stop or restart")
-def deployment_action(request: HttpRequest, deployment_id: str, action: str) -> tuple[int, Deployment]:
+def deployment_action(request: HttpRequest, deployment_id: str, action: str) -> Status:
     if action not in ACTIONS:
         raise ApiError(404, "not_found", f"unknown action {action}: stop or restart")
     permit(request, roles.CONTROL)
     deployment = get_object_or_404(Deployment, pk=deployment_id)
     ACTIONS[action].delay(deployment.pk)
-    return 202, deployment
+    return Status(202, deployment)
 
 
 @router.delete("/{deployment_id}/", response={204: None, **ERRORS}, summary="Delete a stopped or failed one")
-def delete_deployment(request: HttpRequest, deployment_id: str) -> tuple[int, None]:
+def delete_deployment(request: HttpRequest, deployment_id: str) -> Status:
     permit(request, roles.CONTROL)
     deployment = get_object_or_404(Deployment, pk=deployment_id)
     try:
         deploy.delete_deployment(deployment)
     except deploy.DeployError as exc:
         raise ApiError(409, "still_running", str(exc)) from None
-    return 204, None
-
-
-def detail_json(deployment: Deployment) -> dict[str, Any]:
-    return {
-        **DeploymentOut.from_orm(deployment).dict(),
-        "events": list(deployment.events.values("t", "state", "detail")),
-        "plan": deployment.plan,
-        "launch": deployment.launch,
-        "log_tail": fleet.log_tail(deployment),
-    }
+    return Status(204, None)

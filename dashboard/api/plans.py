@@ -8,7 +8,7 @@ from typing import Any
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
-from ninja import Router
+from ninja import Router, Status
 
 from dashboard import deploy, read, roles, tasks
 from dashboard.api.auth import permit
@@ -30,7 +30,7 @@ def create_plan(request: HttpRequest, payload: PlanIn) -> tuple[int, dict[str, A
         raise ApiError(422, "invalid", " ".join(messages), None if field == "__all__" else field)
     row = form.save(request.user)
     tasks.plan_request.delay(row.pk)
-    return 202, {"id": row.pk, "status": row.status, "url": f"/api/v1/plans/{row.pk}/"}
+    return Status(202, {"id": row.pk, "status": row.status, "url": f"/api/v1/plans/{row.pk}/"})
 
 
 def deploy_form(payload: PlanIn) -> DeployForm:

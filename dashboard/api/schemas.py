@@ -8,6 +8,8 @@ from typing import Any
 
 from ninja import Field, Schema
 
+from dashboard import fleet
+
 
 class ErrorBody(Schema):
     code: str = Field(description="stable machine-readable code, e.g. unauthorized, forbidden, invalid")
@@ -252,10 +254,18 @@ class DeploymentOut(Schema):
 
 
 class DeploymentDetailOut(DeploymentOut):
-    events: list[EventOut]
+    events: list[EventOut] = Field(description="the lifecycle, oldest first")
     plan: dict[str, Any]
-    launch: dict[str, Any]
-    log_tail: list[str]
+    launch: dict[str, Any] = Field(description="the command the agent got (agents/protocol.py Launch)")
+    log_tail: list[str] = Field(description="the newest lines of the server's log, as the page shows them")
+
+    @staticmethod
+    def resolve_events(obj: Any) -> list[Any]:
+        return list(obj.events.all())
+
+    @staticmethod
+    def resolve_log_tail(obj: Any) -> list[str]:
+        return fleet.log_tail(obj)
 
 
 # ---- alerts --------------------------------------------------------------------------------------------------
