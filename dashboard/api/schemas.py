@@ -155,7 +155,7 @@ class IssueOut(Schema):
 
 
 class CheckOut(Schema):
-    model_config = {"extra": "allow"}
+    """`python -m placement check --json`, field for field (suggestion_same_backend: null where it omits it)."""
 
     feasible: bool
     backend: str
@@ -165,8 +165,19 @@ class CheckOut(Schema):
     gpus: list[int]
     problems: list[IssueOut]
     risks: list[IssueOut]
+    memory_gib_per_gpu: list[float] | None
+    breakdown: list[dict[str, Any]] | None
+    kv_cache_tokens: int | None
+    weights_gib_per_gpu: float | None
+    decode_tok_s: float | None
+    decode_tok_s_total: float | None
+    prefill_tok_s: float | None
+    why: str | None
     notes: list[str]
     suggestion: dict[str, Any] | None = Field(description="the planner's best plan on that node")
+    suggestion_same_backend: dict[str, Any] | None = Field(
+        None, description="the best plan with the command's backend, when that is not the suggestion"
+    )
 
 
 # ---- deployments ---------------------------------------------------------------------------------------------
