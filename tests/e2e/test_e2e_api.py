@@ -1,0 +1,100 @@
+"""Deploy end to end through the REST API only, with personal API tokens (the README's curl steps): an admin
+issues the node's agent token, an operator plans the seed's model on the fleet, deploys the top plan, watches it
+reach Ready and stops it. The real ASGI server, Celery worker, Redis and an agent subprocess."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+from io import StringIO
+
+import httpx
+import pytest
+from django.core.management import call_command
+
+from dashboard import roles
+from tests.harness import start_agent, wait_until
+from tests.personas import person
+
+pytestmark = pytest.mark.slow
+MODEL = "Qwen3-VL-32B-Instruct"  # the field report's model (docs/why.md), which the demo deploys
+
+
+def api_client(base_url: str, username: str, role: str, scope: str) -> httpx.Client:
+    """A script's client: a personal token made with `manage.py api_token`, as the README says."""
+    person(username, role)
+    out = StringIO()
+    call_command("api_token", username, "--scope", scope, "--days", "1", "--name", "e2e", stdout=out)
+    headers = {"Authorization": f"Bearer {out.getvalue().strip()}"}
+    return httpx.Client(base_url=base_url + "/api/v1", headers=headers, timeout=30)
+
+
+def answer(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text[:2000]
+    return response.json() if response.content else {}
+
+
+@pytest.fixture
+def seed_agent(live_stack, celery_worker, log_dir, tmp_path):
+    """The seed node's agent, with the token an admin issued through the API."""
+    with api_client(live_stack.url, "ada", roles.ADMIN, "operate") as admin:
+        issued = answer(admin.post("/agent-tokens/", json={"node": "a30-seed"}), 201)
+        agent = start_agent(
+            live_stack.url, issued["token"], "sim:a30x4,workload=idle", log_dir, run_dir=tmp_path / "run"
+        )
+        yield admin
+    agent.stop()
+    for state in (tmp_path / "run").glob("*.json"):  # servers outlive the agent by design; end them here
+        pid = json.loads(state.read_text()).get("pid")
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def test_it_plans_deploys_and_stops_through_the_api_with_a_token(live_stack, seed_agent):
+    with api_client(live_stack.url, "olga", roles.OPERATOR, "operate") as api:
+        wait_until(lambda: answer(api.get("/nodes/a30-seed/"), 200)["state"] == "online", what="agent online")
+        accepted = answer(
+            api.post("/plans/", json={"model": MODEL, "max_model_len": 10000, "node": "a30-seed"}), 202
+        )
+        plan = wait_until(lambda: done(api.get(f"/plans/{accepted['id']}/")), timeout=60, what="planning")
+        assert plan["status"] == "done", plan["error"]
+        assert plan["plans"] and plan["rejected"]
+        top = plan["plans"][0]
+        body = {"plan_request": plan["id"], "number": top["number"], "override_busy": top["needs_override"]}
+        deployment = answer(api.post("/deployments/", json=body), 202)
+        url = f"/deployments/{deployment['id']}/"
+        ready = wait_until(
+            lambda: state_in(api.get(url), "ready", "serving", "failed"), timeout=90, what="ready"
+        )
+        assert ready["state"] in ("ready", "serving"), ready["detail"]
+        assert ready["port"] and [e["state"] for e in ready["events"]][0] == "launching"
+        answer(api.post(f"{url}stop/"), 202)
+        stopped = wait_until(lambda: state_in(api.get(url), "stopped"), timeout=30, what="stopped")
+        assert stopped["desired"] == "stopped"
+        answer(api.delete(url), 204)
+        assert api.get(url).status_code == 404
+
+
+def done(response: httpx.Response) -> dict | None:
+    plan = answer(response, 200)
+    return plan if plan["status"] in ("done", "failed") else None
+
+
+def state_in(response: httpx.Response, *states: str) -> dict | None:
+    deployment = answer(response, 200)
+    return deployment if deployment["state"] in states else None
+
+
+@pytest.mark.browser
+def test_it_renders_the_docs_page_from_vendored_files_only(live_stack, browser):
+    page = browser.new_page()
+    outside = []
+    page.on("request", lambda r: None if r.url.startswith(live_stack.url) else outside.append(r.url))
+    page.goto(live_stack.url + "/api/v1/docs/")
+    page.wait_for_selector(".opblock-summary-path", timeout=20000)
+    paths = page.locator(".opblock-summary-path").all_inner_texts()
+    assert "/api/v1/deployments/{deployment_id}/{action}/" in [p.replace("\u200b", "") for p in paths]
+    assert outside == []  # no CDN: every script, style and the schema come from layercake itself
