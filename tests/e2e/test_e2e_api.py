@@ -4,10 +4,6 @@ reach Ready and stops it. The real ASGI server, Celery worker, Redis and an agen
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
 from io import StringIO
 
 import httpx
@@ -15,7 +11,7 @@ import pytest
 from django.core.management import call_command
 
 from dashboard import roles
-from tests.harness import start_agent, wait_until
+from tests.harness import end_servers_left_in, start_agent, wait_until
 from tests.personas import person
 
 pytestmark = pytest.mark.slow
@@ -46,11 +42,7 @@ def seed_agent(live_stack, celery_worker, log_dir, tmp_path):
         )
         yield admin
     agent.stop()
-    for state in (tmp_path / "run").glob("*.json"):  # servers outlive the agent by design; end them here
-        pid = json.loads(state.read_text()).get("pid")
-        if pid:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+    end_servers_left_in(tmp_path / "run")
 
 
 def test_it_plans_deploys_and_stops_through_the_api_with_a_token(live_stack, seed_agent):
