@@ -57,6 +57,8 @@ def test_it_pages_lists(world, h100):
     page = c.get("/api/v1/nodes/?limit=1&offset=1").json()
     assert page["count"] == 2 and [n["name"] for n in page["items"]] == ["h100-nvlink"]
     assert c.get("/api/v1/nodes/?limit=0").json()["error"]["field"] == "limit"
+    assert c.get("/api/v1/nodes/?limit=201").json()["error"]["field"] == "limit"
+    assert c.get("/api/v1/alerts/").json()["count"] == 1
 
 
 def test_it_shows_a_node_with_its_topology_and_newest_samples(world):
