@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dashboard import alert_views, token_views, views
+from dashboard import alert_views, api_pages, views
 from dashboard.api import api
 
 urlpatterns = [
@@ -20,7 +20,8 @@ urlpatterns = [
     path("alerts/<int:pk>/", alert_views.alert_page, name="alert"),
     path("alerts/<int:pk>/acknowledge/", alert_views.alert_acknowledge, name="alert-acknowledge"),
     path("alerts/<int:pk>/replan/", alert_views.alert_replan, name="alert-replan"),
-    path("account/tokens/", token_views.api_tokens_page, name="api-tokens"),
-    path("api/v1/docs/", token_views.api_docs, name="api-docs"),
+    path("account/tokens/", api_pages.api_tokens_page, name="api-tokens"),
+    path("api/v1/docs/", api_pages.api_docs, name="api-docs"),
     path("api/v1/", api.urls),
+    path("api/v1/<path:rest>", api_pages.api_not_found),
 ]

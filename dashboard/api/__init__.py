@@ -19,7 +19,7 @@ api = NinjaAPI(
     auth=AUTH,
     urls_namespace="api-v1",
     openapi_url="/schema/",
-    docs_url=None,  # the docs page is ours: Swagger UI from static/vendor, never a CDN (dashboard.token_views)
+    docs_url=None,  # the docs page is ours: Swagger UI from static/vendor, never a CDN (dashboard.api_pages)
 )
 errors.install(api)
 api.add_router("/nodes/", nodes.router)

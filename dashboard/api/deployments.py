@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
@@ -17,7 +19,6 @@ from dashboard.models import Deployment, PlanRequest
 
 router = Router(tags=["deployments"])
 STATES = [value for value, _, _ in DeploymentState.CHOICES]
-ACTIONS = {"stop": tasks.stop_deployment, "restart": tasks.restart_deployment}
 
 
 @router.get("/", response={200: list[DeploymentOut], **ERRORS}, summary="List deployments, newest first")
@@ -51,14 +52,22 @@ def create_deployment(request: HttpRequest, payload: DeploymentIn) -> Status:
     return Status(202, deployment)
 
 
-@router.post("/{deployment_id}/{action}/", response={202: DeploymentOut, **ERRORS}, summary="Stop or restart")
-def deployment_action(request: HttpRequest, deployment_id: str, action: str) -> Status:
-    if action not in ACTIONS:
-        raise ApiError(404, "not_found", f"unknown action {action}: stop or restart")
+@router.post("/{deployment_id}/stop/", response={202: DeploymentOut, **ERRORS}, summary="Stop (queued)")
+def stop(request: HttpRequest, deployment_id: str) -> Status:
+    return Status(202, control(request, deployment_id, tasks.stop_deployment))
+
+
+@router.post("/{deployment_id}/restart/", response={202: DeploymentOut, **ERRORS}, summary="Restart (queued)")
+def restart(request: HttpRequest, deployment_id: str) -> Status:
+    return Status(202, control(request, deployment_id, tasks.restart_deployment))
+
+
+def control(request: HttpRequest, deployment_id: str, task: Any) -> Deployment:
+    """What the page's Stop and Restart buttons do: queue the task for the deployment."""
     permit(request, roles.CONTROL)
     deployment = get_object_or_404(Deployment, pk=deployment_id)
-    ACTIONS[action].delay(deployment.pk)
-    return Status(202, deployment)
+    task.delay(deployment.pk)
+    return deployment
 
 
 @router.delete("/{deployment_id}/", response={204: None, **ERRORS}, summary="Delete a stopped or failed one")

@@ -203,3 +203,15 @@ def test_it_stores_only_a_hash_of_the_token(world):
     plaintext = world.token(roles.OPERATOR)
     row = ApiToken.objects.get(prefix=plaintext[:10])
     assert plaintext not in (row.digest, row.prefix) and len(row.digest) == 64
+
+
+def test_it_refuses_a_session_change_without_the_csrf_token_and_changes_nothing(world):
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(world.people[roles.OPERATOR])
+    response = send(browser, BY_NAME["stop"], world)
+    assert response.status_code == 403 and response.json()["error"]["code"] == "forbidden"
+    assert not world.queued
+    browser.get("/account/tokens/")  # any page sets the CSRF cookie, as the docs page's script reads it
+    token = browser.cookies["csrftoken"].value
+    response = browser.post(f"/api/v1/deployments/{world.deployment.pk}/stop/", HTTP_X_CSRFTOKEN=token)
+    assert response.status_code == 202 and world.queued == [("stop_deployment", world.deployment.pk)]

@@ -227,6 +227,7 @@ def test_it_deletes_only_a_deployment_that_runs_nowhere(world):
 def test_it_refuses_an_unknown_deployment_action(world):
     response = post(world.client(roles.OPERATOR), f"/api/v1/deployments/{world.deployment.pk}/explode/")
     assert response.status_code == 404 and not world.queued
+    assert response.json()["error"]["code"] == "not_found"
 
 
 # ---- alerts --------------------------------------------------------------------------------------------------

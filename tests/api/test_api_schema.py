@@ -77,8 +77,14 @@ CALLS = [
     ),
     Call(
         "post",
-        "/api/v1/deployments/{deployment_id}/{action}/",
+        "/api/v1/deployments/{deployment_id}/stop/",
         lambda w: f"/api/v1/deployments/{w.deployment.pk}/stop/",
+        status=202,
+    ),
+    Call(
+        "post",
+        "/api/v1/deployments/{deployment_id}/restart/",
+        lambda w: f"/api/v1/deployments/{w.deployment.pk}/restart/",
         status=202,
     ),
     Call(

@@ -1,11 +1,12 @@
-"""The user's personal API tokens (create, shown once; revoke) and the API's interactive docs page."""
+"""The API's pages: the user's personal API tokens (create, shown once; revoke), the interactive docs page,
+and the JSON 404 for a path under /api/v1/ that names no operation."""
 
 from __future__ import annotations
 
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 
 from dashboard import roles
@@ -39,6 +40,12 @@ def revoke(request: HttpRequest) -> HttpResponse:
     row.revoke()
     messages.info(request, f"Token {row.prefix}… ({row.name}) is revoked.")
     return redirect("api-tokens")
+
+
+def api_not_found(request: HttpRequest, rest: str) -> HttpResponse:
+    """Under /api/v1/ even a path that matches no operation answers in the API's error shape."""
+    message = f"no API operation at {request.path}; the operations are listed at /api/v1/schema/"
+    return JsonResponse({"error": {"code": "not_found", "message": message, "field": None}}, status=404)
 
 
 def api_docs(request: HttpRequest) -> HttpResponse:
