@@ -4,7 +4,13 @@ reach Ready and stops it. The real ASGI server, Celery worker, Redis and an agen
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
 from io import StringIO
+from pathlib import Path
 
 import httpx
 import pytest
@@ -90,3 +96,32 @@ def test_it_renders_the_docs_page_from_vendored_files_only(live_stack, browser):
     paths = page.locator(".opblock-summary-path").all_inner_texts()
     assert "/api/v1/deployments/{deployment_id}/restart/" in [p.replace("\u200b", "") for p in paths]
     assert outside == []  # no CDN: every script, style and the schema come from layercake itself
+
+
+def readme_curl_steps(base_url: str) -> str:
+    """The README's curl block, run as it is: only `python` and the server's address are this test's."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## REST API", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    return block.replace("python manage.py", f"{sys.executable} manage.py").replace(
+        "http://localhost:8000", base_url
+    )
+
+
+def test_it_runs_the_readmes_curl_steps(live_stack, seed_agent):
+    missing = [tool for tool in ("curl", "jq") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"{' and '.join(missing)} not installed (the README's steps use them)")
+    person("alice", roles.OPERATOR)
+    script = readme_curl_steps(live_stack.url)
+    ran = subprocess.run(
+        ["timeout", "120", "bash", "-euo", "pipefail", "-c", script],
+        env={**os.environ, **live_stack.env},
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr[-3000:]
+    lines = ran.stdout.splitlines()
+    assert lines[0] == '{"name":"a30-seed","state":"online"}'
+    assert json.loads(lines[1])["status"] == "done" and json.loads(lines[2])["state"] in ("ready", "serving")
+    assert lines[3:] == ["202", "204"]
