@@ -51,6 +51,8 @@ ADMIN_MODEL_PERMISSIONS = (
     "dashboard.add_agenttoken",
     "dashboard.change_agenttoken",
     "dashboard.view_agenttoken",
+    "dashboard.view_apitoken",
+    "dashboard.change_apitoken",  # revoke anyone's personal API token
     "dashboard.change_node",
     "dashboard.view_node",
     "dashboard.add_channel",

@@ -98,3 +98,15 @@ def test_it_refuses_bad_command_input_and_makes_nothing(olga, args, says):
     with pytest.raises(CommandError, match=says):
         call_command("api_token", *args, stdout=StringIO())
     assert not ApiToken.objects.exists()
+
+
+def test_it_lets_an_admin_revoke_anyones_token_in_the_admin(olga):
+    _, token = ApiToken.issue(olga, "ci", "read", 30)
+    action = {"action": "revoke", "_selected_action": [ApiToken.objects.get().pk], "index": "0"}
+    assert logged_in(olga).post("/admin/dashboard/apitoken/", action).status_code == 302  # to the admin login
+    assert api_status(token) == 200
+    ada = logged_in(person("ada", roles.ADMIN))
+    listing = ada.get("/admin/dashboard/apitoken/").content.decode()
+    assert token[:10] in listing and token not in listing
+    ada.post("/admin/dashboard/apitoken/", action)
+    assert api_status(token) == 401
