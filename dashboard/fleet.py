@@ -84,10 +84,11 @@ class NodeFilter:
         return (self.state is None or status == self.state) and (self.stale is None or silent == self.stale)
 
 
-def filtered_fleet(which: NodeFilter) -> list[tuple[Node, list[GpuRow]]]:
-    """fleet_overview of the nodes `which` keeps (status is computed, so that part is filtered here)."""
+def filtered_nodes(which: NodeFilter) -> list[Node]:
+    """The nodes `which` keeps, without their samples (a caller pages them first, then calls fleet_overview);
+    the status is computed from each row, so that part is filtered here."""
     now = timezone.now()
-    return [(node, rows) for node, rows in fleet_overview(which.matching()) if which.keeps(node, now)]
+    return [node for node in which.matching() if which.keeps(node, now)]
 
 
 def thinned_history(history: dict[str, Any], step_s: float) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,12 +31,27 @@ def list_nodes(
     gpu_model: str | None = Query(None, description="part of a GPU's name, e.g. A30"),
     simulated: bool | None = None,
     stale: bool | None = Query(None, description="true: nodes gone silent (stale or offline)"),
-) -> list[dict[str, Any]]:
+) -> Sequence[dict[str, Any]]:
     if state is not None and state not in STATES:
         raise ApiError(422, "invalid", f"state must be one of {', '.join(STATES)}", "state")
-    which = fleet.NodeFilter(name, state, gpu_model, simulated, stale)
-    now = datetime.now(tz=UTC)
-    return [node_json(node, rows, now) for node, rows in fleet.filtered_fleet(which)]
+    return NodePage(fleet.filtered_nodes(fleet.NodeFilter(name, state, gpu_model, simulated, stale)))
+
+
+class NodePage(Sequence):
+    """The filtered nodes; GPUs and newest samples are read only for the page the paginator slices out."""
+
+    def __init__(self, nodes: list[Node]) -> None:
+        self.nodes = nodes
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __getitem__(self, index: Any) -> Any:
+        chosen = self.nodes[index] if isinstance(index, slice) else [self.nodes[index]]
+        now = datetime.now(tz=UTC)
+        rows = fleet.fleet_overview(Node.objects.filter(pk__in=[node.pk for node in chosen]))
+        page = [node_json(node, gpus, now) for node, gpus in rows]
+        return page if isinstance(index, slice) else page[0]
 
 
 @router.get(
