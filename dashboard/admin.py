@@ -5,6 +5,7 @@ from dashboard.models import (
     AgentToken,
     Alert,
     AlertEvent,
+    ApiToken,
     Channel,
     Deployment,
     DeploymentEvent,
@@ -45,20 +46,37 @@ class NodeAdmin(admin.ModelAdmin):
         return request.user.has_perm(roles.ISSUE_TOKENS)
 
 
-@admin.register(AgentToken)
-class AgentTokenAdmin(admin.ModelAdmin):
-    list_display = ("prefix", "node", "created", "last_used", "revoked")
-    list_filter = ("revoked",)
-    readonly_fields = ("prefix", "created", "last_used")
-    actions = ["revoke"]
+class TokenAdmin(admin.ModelAdmin):
+    """Agent and API tokens alike: listed without the secret, revoked (not deleted) from the list."""
 
     @admin.action(description="Revoke selected tokens", permissions=["change"])
     def revoke(self, request, queryset):
         for token in queryset.filter(revoked=None):
             token.revoke()
 
+
+@admin.register(AgentToken)
+class AgentTokenAdmin(TokenAdmin):
+    list_display = ("prefix", "node", "created", "last_used", "revoked")
+    list_filter = ("revoked",)
+    readonly_fields = ("prefix", "created", "last_used")
+    actions = ["revoke"]
+
     def has_add_permission(self, request):
         return False  # tokens are issued from the node admin action or `manage.py agent_token`
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(TokenAdmin):
+    """Everyone's personal API tokens (never the secret): an admin can revoke a departed user's."""
+
+    list_display = ("prefix", "user", "name", "scope", "created", "expires", "last_used", "revoked")
+    list_filter = ("scope", "revoked")
+    readonly_fields = ("user", "name", "scope", "prefix", "created", "expires", "last_used", "revoked")
+    actions = ["revoke"]
+
+    def has_add_permission(self, request):
+        return False  # each user makes their own, on the API tokens page or with `manage.py api_token`
 
 
 @admin.register(Gpu)

@@ -22,7 +22,7 @@ from dashboard.jobs import Job, LaunchMembers, StopProcesses
 from dashboard.models import Deployment, DeploymentEvent, DeploymentMember, Node, PlanRequest
 from dashboard.models.deployments import member_failure_text
 from dashboard.node_models import reported_spec
-from placement import PlacementError, Request, load_cluster, plan
+from placement import PlacementError, Request, check_command, load_cluster, plan
 from placement.plan_model import Plan, PlanSettings
 from placement.spec import load_model_within, spec_from_hf_config
 
@@ -256,6 +256,38 @@ def create_deployment(row: PlanRequest, number: int, user, override_busy: bool =
             deployment=deployment, node=node, rank=rank, gpus=plan_data.gpus_on(node.name)
         )
     return deployment
+
+
+def delete_deployment(deployment: Deployment) -> None:
+    """Forget a deployment that runs nowhere (stopped or failed); one that may still run must be stopped first,
+    or its server would run on with nothing watching it."""
+    if deployment.state not in (DeploymentState.STOPPED, DeploymentState.FAILED):
+        raise DeployError(
+            f"deployment {deployment.pk} is {DeploymentState.label(deployment.state).lower()}: stop it first, "
+            f"then delete it"
+        )
+    deployment.delete()
+
+
+def check_launch(
+    command: list[str] | str, node: str | None, visible: str | None, concurrency: int | None
+) -> dict[str, Any]:
+    """`python -m placement check` against the live fleet: an operator's own launch command judged as the CLI
+    judges it (feasible, problems, risks, a suggestion). Model paths are read only under MODEL_DIRS.
+    Raises PlacementError for a command or selection that cannot be judged."""
+    fleet = fleet_cluster()
+    if not fleet["nodes"]:
+        raise PlacementError("no node has reported its GPUs yet: start an agent first")
+    result = check_command(
+        command,
+        load_cluster(fleet),
+        visible=visible,
+        env={},
+        node=node,
+        concurrency=concurrency,
+        model_dirs=settings.MODEL_DIRS,
+    )
+    return result.to_json()
 
 
 def plan_nodes(plan_data: Plan) -> list[Node]:

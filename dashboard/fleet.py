@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import OuterRef, Subquery
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
-from dashboard.choices import DeploymentState, LinkClass
+from dashboard.choices import DeploymentState, LinkClass, NodeStatus
 from dashboard.live import TIMED_POINT_KEYS, GpuPoint, gpu_point
 from dashboard.models import Deployment, Gpu, GpuSample, LogChunk, Node
 
@@ -18,6 +18,7 @@ from dashboard.models import Deployment, Gpu, GpuSample, LogChunk, Node
 class GpuRow:
     gpu: Gpu
     point: GpuPoint | None
+    sample: GpuSample | None = None  # the newest sample the point comes from (the API shows all of it)
 
 
 def latest_samples(gpus: list[Gpu]) -> dict[int, GpuSample]:
@@ -26,11 +27,12 @@ def latest_samples(gpus: list[Gpu]) -> dict[int, GpuSample]:
     return {s.gpu_id: s for s in GpuSample.objects.filter(pk__in=ids)}
 
 
-def fleet_overview() -> list[tuple[Node, list[GpuRow]]]:
-    nodes = list(Node.objects.prefetch_related("gpus"))
+def fleet_overview(nodes: QuerySet[Node] | None = None) -> list[tuple[Node, list[GpuRow]]]:
+    """Each node (all, or those of `nodes`) with its GPUs and their newest points."""
+    nodes = list((Node.objects.all() if nodes is None else nodes).prefetch_related("gpus"))
     gpus = [g for n in nodes for g in n.gpus.all()]
     latest = latest_samples(gpus)
-    return [(n, [GpuRow(g, _point(latest.get(g.pk))) for g in n.gpus.all()]) for n in nodes]
+    return [(n, [GpuRow(g, _point(latest.get(g.pk)), latest.get(g.pk)) for g in n.gpus.all()]) for n in nodes]
 
 
 def _point(sample: GpuSample | None) -> GpuPoint | None:
@@ -54,6 +56,56 @@ def gpu_history(
     ):
         history.setdefault(str(row.gpu_id), []).append([row.t.timestamp() * 1000, *gpu_point(row)])
     return {"keys": TIMED_POINT_KEYS, "gpus": history}
+
+
+@dataclass(frozen=True)
+class NodeFilter:
+    """Which nodes a list shows; None: any. `stale`: True for nodes gone silent (stale or offline)."""
+
+    name: str | None = None
+    state: str | None = None
+    gpu_model: str | None = None
+    simulated: bool | None = None
+    stale: bool | None = None
+
+    def matching(self) -> QuerySet[Node]:
+        nodes = Node.objects.all()
+        if self.name:
+            nodes = nodes.filter(name__icontains=self.name)
+        if self.gpu_model:
+            nodes = nodes.filter(gpus__name__icontains=self.gpu_model).distinct()
+        if self.simulated is not None:
+            nodes = nodes.filter(simulated=self.simulated)
+        return nodes
+
+    def keeps(self, node: Node, now: datetime) -> bool:
+        status = node.status(now)
+        silent = status in (NodeStatus.STALE, NodeStatus.OFFLINE)
+        return (self.state is None or status == self.state) and (self.stale is None or silent == self.stale)
+
+
+def filtered_nodes(which: NodeFilter) -> list[Node]:
+    """The nodes `which` keeps, without their samples (a caller pages them first, then calls fleet_overview);
+    the status is computed from each row, so that part is filtered here."""
+    now = timezone.now()
+    return [node for node in which.matching() if which.keeps(node, now)]
+
+
+def thinned_history(history: dict[str, Any], step_s: float) -> dict[str, Any]:
+    """A gpu_history at a coarser step: per GPU, one point per `step_s` window (the window's start time and the
+    mean of each value in it)."""
+    step_ms = step_s * 1000
+    thinned: dict[str, list[list[float]]] = {}
+    for gpu, points in history["gpus"].items():
+        windows: dict[int, list[list[float]]] = {}
+        for point in points:
+            windows.setdefault(int(point[0] // step_ms), []).append(point)
+        thinned[gpu] = [_window_mean(start * step_ms, rows) for start, rows in windows.items()]
+    return {**history, "gpus": thinned}
+
+
+def _window_mean(start_ms: float, rows: list[list[float]]) -> list[float]:
+    return [start_ms, *(round(sum(column) / len(rows), 1) for column in list(zip(*rows, strict=True))[1:])]
 
 
 def topology_grid(node: Node, selected: set[int] | None = None) -> dict[str, Any] | None:

@@ -18,6 +18,10 @@ BACKENDS = [
 ]
 
 
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not a JSON number")
+
+
 class DeployForm(forms.Form):
     model = forms.CharField(
         max_length=500,
@@ -61,7 +65,7 @@ class DeployForm(forms.Form):
         if upload.size > 2_000_000:
             raise forms.ValidationError("config.json is larger than 2 MB; is it really a config.json?")
         try:
-            data = json.loads(upload.read())
+            data = json.loads(upload.read(), parse_constant=_not_json)
         except (ValueError, UnicodeDecodeError) as exc:
             raise forms.ValidationError(f"config.json is not valid JSON: {exc}") from None
         if not isinstance(data, dict):

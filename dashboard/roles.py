@@ -51,6 +51,8 @@ ADMIN_MODEL_PERMISSIONS = (
     "dashboard.add_agenttoken",
     "dashboard.change_agenttoken",
     "dashboard.view_agenttoken",
+    "dashboard.view_apitoken",
+    "dashboard.change_apitoken",  # revoke anyone's personal API token
     "dashboard.change_node",
     "dashboard.view_node",
     "dashboard.add_channel",
@@ -72,6 +74,8 @@ ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {
     ADMIN: (*(a.perm for a in ABILITIES), *ADMIN_MODEL_PERMISSIONS),
 }
 ISSUE_TOKENS = "dashboard.add_agenttoken"
+# Not a custom permission (Django's own add_agenttoken, held by admins only): the REST API checks it like one.
+AGENT_TOKENS = Ability("agent_tokens", "add_agenttoken", "agenttoken", "list, issue or revoke agent tokens")
 
 
 def role_of(user: AbstractBaseUser | AnonymousUser) -> str:

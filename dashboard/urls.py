@@ -1,6 +1,7 @@
 from django.urls import path
 
-from dashboard import alert_views, metrics_views, views
+from dashboard import alert_views, api_pages, metrics_views, views
+from dashboard.api import api
 
 urlpatterns = [
     path("", views.fleet_page, name="fleet"),
@@ -21,4 +22,8 @@ urlpatterns = [
     path("alerts/<int:pk>/acknowledge/", alert_views.alert_acknowledge, name="alert-acknowledge"),
     path("alerts/<int:pk>/replan/", alert_views.alert_replan, name="alert-replan"),
     path("metrics", metrics_views.metrics, name="metrics"),
+    path("account/tokens/", api_pages.api_tokens_page, name="api-tokens"),
+    path("api/v1/docs/", api_pages.api_docs, name="api-docs"),
+    path("api/v1/", api.urls),
+    path("api/v1/<path:rest>", api_pages.api_not_found),
 ]

@@ -235,6 +235,9 @@ SAMPLE_RETENTION_HOURS = envfloat("SAMPLE_RETENTION_HOURS", "24")
 INGEST_FLUSH_SECONDS = envfloat("INGEST_FLUSH_SECONDS", "0.25")
 FANOUT_SECONDS = envfloat("FANOUT_SECONDS", "0.5")
 
+# The REST API (/api/v1/, django-ninja): lists come in pages of 50 by default, 200 at most.
+NINJA_PAGINATION_PER_PAGE = 50
+NINJA_PAGINATION_MAX_LIMIT = 200
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from placement.cluster import GPU, Cluster, Node
@@ -15,7 +16,7 @@ from placement.memory_gguf import counts_from_fractions
 from placement.plans import plan
 from placement.request import LLAMA_CPP, OLLAMA, SGLANG, VLLM, Request
 from placement.result import PlanResult, candidate_json, plan_json, why_text
-from placement.spec import ModelSpec, load_model, split_quant_suffix
+from placement.spec import ModelSpec, load_model, load_model_within, split_quant_suffix
 
 HF_DTYPES = {
     "auto": None,
@@ -93,13 +94,14 @@ def _node(cluster: Cluster, name: str | None) -> Node:
     return cluster.nodes[0]
 
 
-def _model(cmd: ParsedCommand) -> tuple[ModelSpec, str | None]:
-    """The model and the dtype the command implies (None: the model's own)."""
+def _model(cmd: ParsedCommand, model_dirs: list[Path] | None = None) -> tuple[ModelSpec, str | None]:
+    """The model and the dtype the command implies (None: the model's own). With `model_dirs`, a model path
+    is read only under those directories (a command sent to the server by someone who may not read its files)."""
+    model = load_model(cmd.model_ref) if model_dirs is None else load_model_within(cmd.model_ref, model_dirs)
     if cmd.backend in (VLLM, SGLANG):
         quant = cmd.get("--quantization")
         dtype = quant if quant in ("fp8", "awq", "gptq") else HF_DTYPES.get(str(cmd.get("--dtype", "auto")))
-        return load_model(cmd.model_ref), dtype
-    model = load_model(cmd.model_ref)
+        return model, dtype
     if model.gguf is not None:
         return model, None
     _, suffix = split_quant_suffix(cmd.model_ref.removesuffix(":latest").removesuffix(".gguf"))
@@ -276,10 +278,11 @@ def check_command(
     env: dict[str, str] | None = None,
     node: str | None = None,
     concurrency: int | None = None,
+    model_dirs: list[Path] | None = None,
 ) -> CheckResult:
     cmd = parse_command(argv)
     target = _node(cluster, node)
-    model, dtype = _model(cmd)
+    model, dtype = _model(cmd, model_dirs)
     request = _request(cmd, model, dtype, concurrency)
     ev = Evaluator(model, cluster, request)
     if not ev.backends:

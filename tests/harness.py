@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +38,15 @@ def start_agent(
     ]
     log = log_dir / f"agent-{spec.replace(':', '-').replace(',', '-')}.log"
     return stack.agent_service(server, token, spec, interval, log, extra).start()
+
+
+def end_servers_left_in(run_dir: Path) -> None:
+    """Kill the inference servers an agent started from `run_dir`: they outlive the agent by design."""
+    for state in run_dir.glob("*.json"):
+        pid = json.loads(state.read_text()).get("pid")
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def login(client, username: str, password: str) -> None:

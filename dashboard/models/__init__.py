@@ -1,6 +1,7 @@
 """Fleet models (nodes, tokens, GPUs, links, samples), deployment models (and their measurements), alert models."""
 
 from dashboard.models.alerts import Alert, AlertEvent, Channel, Notification
+from dashboard.models.api_tokens import ApiToken
 from dashboard.models.deployments import (
     CanaryProbe,
     Deployment,
@@ -15,6 +16,7 @@ from dashboard.models.measurements import DeploymentMeasurement
 __all__ = [
     "AgentToken",
     "Alert",
+    "ApiToken",
     "AlertEvent",
     "CanaryProbe",
     "Channel",

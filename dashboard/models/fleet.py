@@ -7,6 +7,7 @@ import secrets
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 from django.urls import reverse
@@ -101,6 +102,21 @@ class AgentToken(models.Model):
         plaintext = "lc_" + secrets.token_urlsafe(32)
         row = cls.objects.create(node=node, digest=_digest(plaintext), prefix=plaintext[:10])
         return row, plaintext
+
+    @classmethod
+    def issue_for(cls, node_name: str, revoke_others: bool = False) -> tuple[AgentToken, str]:
+        """A token for the node of that name, created if needed (`manage.py agent_token`, the API); ValueError
+        naming what is wrong with a bad node name."""
+        candidate = Node(name=node_name)
+        try:
+            candidate.full_clean(validate_unique=False)
+        except ValidationError as exc:
+            raise ValueError(f"bad node name {node_name!r}: {'; '.join(exc.message_dict['name'])}") from None
+        node, _ = Node.objects.get_or_create(name=node_name)
+        if revoke_others:
+            for token in node.tokens.filter(revoked=None):
+                token.revoke()
+        return cls.issue(node)
 
     @classmethod
     def authenticate(cls, plaintext: str) -> Node | None:

@@ -1,7 +1,6 @@
 """Deploy end to end: the form's endpoints on the real ASGI server, a real Celery worker, Redis, and an agent
 subprocess that launches the inference server (simulated backend, or the real llama.cpp engine)."""
 
-import contextlib
 import importlib.util
 import json
 import os
@@ -15,7 +14,7 @@ import pytest
 
 from agents.sim.testmodel import smollm2_path
 from dashboard.models import Deployment, PlanRequest
-from tests.harness import csrf_post, node_with_token, start_agent, wait_until
+from tests.harness import csrf_post, end_servers_left_in, node_with_token, start_agent, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -43,11 +42,7 @@ def seed_agent(live_stack, celery_worker, log_dir, tmp_path):
     wait_until(lambda: node.gpus.count() == 4, what="agent hello")
     yield node
     agent.stop()
-    for state in (tmp_path / "run").glob("*.json"):  # servers outlive the agent by design; end them here
-        pid = json.loads(state.read_text()).get("pid")
-        if pid:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+    end_servers_left_in(tmp_path / "run")
 
 
 def plan_through_the_form(client: httpx.Client, **fields) -> PlanRequest:

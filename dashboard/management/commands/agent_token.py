@@ -1,7 +1,6 @@
-from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from dashboard.models import AgentToken, Node
+from dashboard.models import AgentToken
 
 
 class Command(BaseCommand):
@@ -12,14 +11,8 @@ class Command(BaseCommand):
         parser.add_argument("--revoke-others", action="store_true", help="revoke the node's earlier tokens")
 
     def handle(self, node: str, revoke_others: bool, **options):
-        candidate = Node(name=node)
         try:
-            candidate.full_clean(validate_unique=False)
-        except ValidationError as exc:
-            raise CommandError(f"bad node name {node!r}: {'; '.join(exc.message_dict['name'])}") from None
-        row, _ = Node.objects.get_or_create(name=node)
-        if revoke_others:
-            for token in row.tokens.filter(revoked=None):
-                token.revoke()
-        _, plaintext = AgentToken.issue(row)
+            _, plaintext = AgentToken.issue_for(node, revoke_others)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         self.stdout.write(plaintext)
