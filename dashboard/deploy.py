@@ -407,3 +407,34 @@ def stale_plan_text(row: PlanRequest, stale_after_s: float) -> str:
         f"planning stopped without finishing {row.attempts} times (no result after {stale_after_s:.0f} s "
         f"each time): the Celery worker was killed or restarted while planning; see its log, then plan again"
     )
+
+
+class NotPlanned(DeployError):
+    """Only a deployment that was never launched can be discarded."""
+
+
+def discard_planned(deployment_id: str, why: str) -> Deployment:
+    """Take a never-launched deployment off the fleet: stopped (kept, with the reason), never launched later.
+    The row lock keeps a launch task that runs at the same moment from sending it."""
+    with transaction.atomic():
+        deployment = Deployment.objects.select_for_update().get(pk=deployment_id)
+        if deployment.state != DeploymentState.PLANNED:
+            raise NotPlanned(
+                f"{deployment.name} is {deployment.state_label().lower()}, not planned: stop it instead"
+            )
+        deployment.move_to(DeploymentState.STOPPED, why, desired=DesiredState.STOPPED)
+    return deployment
+
+
+def expire_planned(now: datetime, after_s: float) -> list[Deployment]:
+    """Discard every deployment still planned (never launched) `after_s` seconds after it was created."""
+    cutoff = now - timedelta(seconds=after_s)
+    stale = Deployment.objects.filter(state=DeploymentState.PLANNED, created__lt=cutoff)
+    why = f"expired: planned {after_s:.0f} s ago and never launched"
+    expired = []
+    for pk in stale.values_list("pk", flat=True):
+        try:
+            expired.append(discard_planned(pk, why))
+        except NotPlanned:  # launched meanwhile
+            continue
+    return expired

@@ -68,6 +68,20 @@ def sweep_stale_plans() -> int:
     return len(again) + len(failed)
 
 
+def announce_deployment_change(deployment_id: str) -> None:
+    """Tell the open pages about a deployment's new state (made on the server side, e.g. discarded)."""
+    async_to_sync(announce_deployment)(Deployment.objects.get(pk=deployment_id).summary())
+
+
+@shared_task(ignore_result=False)
+def expire_planned_deployments() -> int:
+    """Deployments left planned (never deployed, or queued while Celery was down) past PLANNED_EXPIRE_AFTER_S."""
+    expired = deploy.expire_planned(timezone.now(), settings.PLANNED_EXPIRE_AFTER_S)
+    for deployment in expired:
+        async_to_sync(announce_deployment)(deployment.summary())
+    return len(expired)
+
+
 @shared_task(ignore_result=False, acks_late=True, autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
 def launch_deployment(deployment_id: str) -> str:
     """Send the launch command to the node's agent. Safe to run twice: the agent launches once per id."""

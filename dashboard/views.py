@@ -29,6 +29,8 @@ def node_page(request: HttpRequest, name: str) -> HttpResponse:
         "grid": fleet.topology_grid(node),
         "history": fleet.gpu_history(node, minutes=15),
         "legend": fleet.link_legend(),
+        "gpu_use": read.node_gpus(node),
+        "deployments": read.node_deployments(node),
     }
     return render(request, "dashboard/node.html", context)
 
@@ -99,6 +101,8 @@ def deployment_page(request: HttpRequest, pk: str) -> HttpResponse:
         "metrics": fleet.metric_history(deployment, minutes=15),
         "members": deployment.members.select_related("node"),
         "gpu_history": fleet.gpu_history(deployment.node, minutes=15, indices=deployment.launch.get("gpus")),
+        "gpu_names": {g.pk: f"GPU{g.index}" for g in deployment.node.gpus.all()},
+        "access": read.server_access(deployment),
     }
     return render(request, "dashboard/deployment.html", context)
 
@@ -108,9 +112,22 @@ def deployment_page(request: HttpRequest, pk: str) -> HttpResponse:
 @roles.requires(roles.CONTROL)
 def deployment_action(request: HttpRequest, pk: str, action: str) -> HttpResponse:
     deployment = get_object_or_404(Deployment, pk=pk)
+    if action == "discard":
+        return discard_deployment(request, deployment)
     task = {"stop": tasks.stop_deployment, "restart": tasks.restart_deployment}.get(action)
     if task is None:
         raise Http404(f"unknown action {action}")
     task.delay(deployment.pk)
     messages.info(request, f"{action} sent to {deployment.node.name}")
     return redirect(deployment)
+
+
+def discard_deployment(request: HttpRequest, deployment: Deployment) -> HttpResponse:
+    try:
+        deploy.discard_planned(deployment.pk, f"discarded by {request.user.get_username()}: never launched")
+    except deploy.NotPlanned as exc:
+        messages.error(request, str(exc))
+        return redirect(deployment)
+    tasks.announce_deployment_change(deployment.pk)
+    messages.info(request, f"{deployment.name} discarded")
+    return redirect("fleet")

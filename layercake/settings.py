@@ -215,6 +215,8 @@ LAUNCH_RESEND_AFTER_S = envfloat("LAUNCH_RESEND_AFTER_S", "30")
 # A plan request still "planning" after this many seconds lost its worker (planning takes about a second):
 # dashboard.tasks.sweep_stale_plans queues it once more, then fails it with the reason.
 PLAN_STALE_AFTER_S = envfloat("PLAN_STALE_AFTER_S", "120")
+# A deployment still "planned" this long after it was created was never launched: it leaves the fleet page.
+PLANNED_EXPIRE_AFTER_S = envfloat("PLANNED_EXPIRE_AFTER_S", "3600")
 # The only directories whose config.json / GGUF files the server reads when a model path is typed in the deploy
 # form (symlinks are followed before the check), like the agent's --model-dir; os.pathsep-separated, empty: none.
 MODEL_DIRS = [Path(d) for d in os.environ.get("MODEL_DIRS", str(VAR_DIR / "models")).split(os.pathsep) if d]
@@ -320,4 +322,5 @@ CELERY_BEAT_SCHEDULE = {
     "deliver-notifications": {"task": "dashboard.tasks.deliver_notifications", "schedule": 30.0},
     "resend-lost-launches": {"task": "dashboard.tasks.resend_lost_launches", "schedule": 10.0},
     "sweep-stale-plans": {"task": "dashboard.tasks.sweep_stale_plans", "schedule": 30.0},
+    "expire-planned-deployments": {"task": "dashboard.tasks.expire_planned_deployments", "schedule": 60.0},
 }

@@ -4,12 +4,13 @@ const box = document.querySelector(".deployment-detail");
 const WINDOW = 15 * 60 * 1000;
 const metrics = JSON.parse(document.getElementById("metrics").textContent);
 const gpuHistory = JSON.parse(document.getElementById("gpu-history").textContent);
+const gpuNames = JSON.parse(document.getElementById("gpu-names").textContent); // GPU id -> "GPU0" as the node names it
 const palette = ["#1e88e5", "#43a047", "#fb8c00", "#8e24aa", "#00897b", "#e53935", "#5e35b1", "#6d4c41"];
 
 const datasets = [{ label: "tokens/s", data: metrics.map((m) => ({ x: m[0], y: m[1] })), yAxisID: "tok",
                     borderColor: "#111", borderWidth: 2, pointRadius: 0 }];
 Object.entries(gpuHistory.gpus).forEach(([gpuId, points], i) => datasets.push({
-  label: `GPU util % (${gpuId})`, gpuId,
+  label: `${gpuNames[gpuId] || "GPU"} util %`, gpuId,
   data: points.map((values) => Live.point(gpuHistory.keys, values)).map((p) => ({ x: p.t, y: p.util })), yAxisID: "pct",
   borderColor: palette[i % palette.length], borderWidth: 1, pointRadius: 0 }));
 
@@ -19,6 +20,11 @@ const chart = new Chart(document.getElementById("tokens-chart"), {
     scales: { x: { type: "time", ticks: { maxTicksLimit: 8 } }, tok: { position: "left", min: 0, title: { display: true, text: "tokens/s" } },
               pct: { position: "right", min: 0, max: 100, grid: { drawOnChartArea: false } } } },
 });
+
+document.querySelectorAll("button.copy").forEach((button) => button.addEventListener("click", async () => {
+  await navigator.clipboard.writeText(document.getElementById(button.dataset.copy).textContent);
+  button.textContent = "Copied";
+}));
 
 function addEvent(d) {
   const item = document.createElement("li");
