@@ -197,8 +197,42 @@ class Metrics(Sequenced):
     counters: ServerCounters
 
 
-AgentMessage = Annotated[Hello | Samples | LogTail | DeploymentStatus | Metrics, Field(discriminator="type")]
-AGENT_TYPES = ("hello", "samples", "logs", "deployment", "metrics")
+# ---- asking a deployment's server through its agent ("Try it" and "Measure" on the deployment page) ----
+# A browser cannot reach a node's loopback port, so the server sends `ask` to the agent, which sends the
+# prompt to the server it supervises and answers with `answer` frames (not sequenced: nothing is replayed).
+RequestId = Annotated[str, Field(pattern=r"^[a-f0-9]{32}$")]
+MAX_ASK_STREAMS = 64
+
+
+class Measurement(Strict):
+    """A short load test's result: decode tokens/s per stream (mean) and in total, TTFT and ITL means."""
+
+    streams: Annotated[int, Field(ge=1, le=MAX_ASK_STREAMS)]
+    completed: Annotated[int, Field(ge=0, le=MAX_ASK_STREAMS)]
+    tokens: Counter
+    seconds: Annotated[float, Field(ge=0, le=3600)]
+    tok_s_per_stream: NonNegative | None = None
+    tok_s_total: NonNegative | None = None
+    ttft_s: NonNegative | None = None
+    itl_s: NonNegative | None = None
+
+
+class Answer(Envelope):
+    """Part of an answer to `ask`: text as it streams (one stream), or the measurement when done."""
+
+    type: Literal["answer"]
+    deployment: DeploymentId
+    request: RequestId
+    text: Annotated[str, Field(max_length=16_000)] = ""
+    done: bool = False
+    error: Annotated[str, Field(max_length=2000)] = ""
+    measurement: Measurement | None = None
+
+
+AgentMessage = Annotated[
+    Hello | Samples | LogTail | DeploymentStatus | Metrics | Answer, Field(discriminator="type")
+]
+AGENT_TYPES = ("hello", "samples", "logs", "deployment", "metrics", "answer")
 
 
 class _AgentFrame(BaseModel):
@@ -286,17 +320,31 @@ class Restart(Envelope):
     deployment: DeploymentId
 
 
-ServerCommand = Annotated[Launch | Stop | Restart, Field(discriminator="type")]
+class Ask(Envelope):
+    """Send a prompt to a deployment's server: one stream ("Try it", the text streams back in `answer`
+    frames), or `streams` at once as a short load test ("Measure", one `answer` with the measurement)."""
+
+    type: Literal["ask"]
+    deployment: DeploymentId
+    request: RequestId
+    prompt: Annotated[str, Field(min_length=1, max_length=4000)]
+    max_tokens: Annotated[int, Field(ge=1, le=2048)] = 128
+    streams: Annotated[int, Field(ge=1, le=MAX_ASK_STREAMS)] = 1
+    measure: bool = False
+
+
+ServerCommand = Annotated[Launch | Stop | Restart | Ask, Field(discriminator="type")]
+SERVER_TYPES = ("launch", "stop", "restart", "ask")
 
 
 class _ServerFrame(BaseModel):
     message: ServerCommand
 
 
-def parse_server_command(raw: str | bytes) -> Launch | Stop | Restart:
+def parse_server_command(raw: str | bytes) -> Launch | Stop | Restart | Ask:
     """Validate a command from the server on the agent side; refuses extra argv, unknown env, odd names."""
     data = _load_json(raw, "command")
-    if not isinstance(data, dict) or data.get("type") not in ("launch", "stop", "restart"):
+    if not isinstance(data, dict) or data.get("type") not in SERVER_TYPES:
         raise ProtocolError(
             "unknown_type", f"unknown command {_shown(data.get('type') if isinstance(data, dict) else data)}"
         )
@@ -306,7 +354,7 @@ def parse_server_command(raw: str | bytes) -> Launch | Stop | Restart:
         raise ProtocolError("invalid", _describe(exc)) from None
 
 
-def parse_agent_message(raw: str | bytes) -> Hello | Samples | LogTail | DeploymentStatus | Metrics:
+def parse_agent_message(raw: str | bytes) -> Hello | Samples | LogTail | DeploymentStatus | Metrics | Answer:
     """Validate one frame from an agent; raise ProtocolError saying exactly what is wrong."""
     size = frame_bytes(raw)
     if size > MAX_FRAME_BYTES:

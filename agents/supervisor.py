@@ -323,6 +323,16 @@ class Supervisor:
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._polling = asyncio.Lock()
 
+    def api_endpoint(self, deployment: str) -> tuple[int, str] | None:
+        """(port, served model name) of a server of this node that is up and serves the API, or None."""
+        current = self.deployments.get(deployment)
+        if current is None or current.finished or current.state not in ("ready", "serving"):
+            return None
+        if not current.serves_api:
+            return None
+        options = current.admitted.options
+        return current.port, options.served_model_name or current.admitted.model
+
     # ---- commands ----
     async def handle(self, command: Launch | Stop | Restart) -> None:
         """Act on one command. A refusal is reported as a failed status and raised as LaunchRefused."""

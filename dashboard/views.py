@@ -103,6 +103,7 @@ def deployment_page(request: HttpRequest, pk: str) -> HttpResponse:
         "gpu_history": fleet.gpu_history(deployment.node, minutes=15, indices=deployment.launch.get("gpus")),
         "gpu_names": {g.pk: f"GPU{g.index}" for g in deployment.node.gpus.all()},
         "access": read.server_access(deployment),
+        "measurements": deployment.measurements.all()[:20],
     }
     return render(request, "dashboard/deployment.html", context)
 

@@ -4,6 +4,7 @@ from dashboard.models.alerts import Alert, AlertEvent, Channel, Notification
 from dashboard.models.deployments import (
     Deployment,
     DeploymentEvent,
+    DeploymentMeasurement,
     DeploymentMember,
     DeploymentMetric,
     PlanRequest,
@@ -17,6 +18,7 @@ __all__ = [
     "Channel",
     "Deployment",
     "DeploymentEvent",
+    "DeploymentMeasurement",
     "DeploymentMember",
     "DeploymentMetric",
     "Gpu",

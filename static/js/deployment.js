@@ -57,3 +57,66 @@ Live.onUpdate((msg) => {
   if (node) datasets.slice(1).forEach((ds) => { const p = node.gpus[ds.gpuId]; if (p) push(ds, node.t * 1000, Live.point(msg.keys, p).util); });
   chart.update("none");
 });
+
+// "Try it" and "Measure": asks sent on the live socket; the agent's answers come back on it.
+const asks = new Map(); // request id -> { kind: "try" | "measure" }
+const pending = new Map(); // the page's ref -> kind, until the server names the request
+let askCount = 0;
+
+function num(value, digits) { return value === null || value === undefined ? "–" : Number(value).toFixed(digits); }
+function ms(value) { return value === null || value === undefined ? "–" : `${Math.round(value * 1000)} ms`; }
+
+function ask(kind, fields) {
+  const ref = `${kind}-${++askCount}`;
+  pending.set(ref, kind);
+  const sent = Live.send({ type: "ask", ref, deployment: box.dataset.deployment, ...fields });
+  document.getElementById(`${kind}-status`).textContent = sent ? "sent…" : "the live connection is down; try again in a moment";
+}
+
+function addMeasurement(msg) {
+  const m = msg.measurement || {};
+  const table = document.getElementById("measurements");
+  const row = document.createElement("tr");
+  row.className = "measurement"; row.dataset.request = msg.request;
+  const cells = [new Date().toTimeString().slice(0, 8), m.streams, num(m.tok_s_per_stream, 1), num(table.dataset.predicted || null, 1),
+    num(m.tok_s_total, 1), ms(m.ttft_s), ms(m.itl_s), msg.error ? `Failed: ${msg.error}` : "Done"];
+  const classes = ["", "num", "num per-stream", "num predicted", "num total", "num ttft", "num itl", ""];
+  cells.forEach((text, i) => { const td = document.createElement("td"); td.className = classes[i]; td.textContent = text; row.append(td); });
+  table.querySelector("tbody").prepend(row);
+  table.hidden = false;
+}
+
+Live.onAsk((msg) => {
+  if (msg.type === "fleet.refused" || msg.type === "fleet.asked") {
+    const kind = pending.get(msg.ref);
+    if (!kind) return;
+    pending.delete(msg.ref);
+    if (msg.type === "fleet.refused") { document.getElementById(`${kind}-status`).textContent = msg.error; return; }
+    asks.set(msg.request, kind);
+    document.getElementById(`${kind}-status`).textContent = kind === "try" ? "streaming…" : "measuring…";
+    return;
+  }
+  const kind = asks.get(msg.request);
+  if (!kind) return;
+  if (kind === "try") document.getElementById("try-answer").textContent += msg.text;
+  if (!msg.done) return;
+  asks.delete(msg.request);
+  const m = msg.measurement || {};
+  document.getElementById(`${kind}-status`).textContent = msg.error ? `error: ${msg.error}` :
+    kind === "try" ? `done: ${m.tokens} tokens, first after ${ms(m.ttft_s)}, ${num(m.tok_s_per_stream, 1)} tok/s` : "done";
+  if (kind === "measure") addMeasurement(msg);
+});
+
+const tryForm = document.getElementById("try-form");
+if (tryForm) {
+  tryForm.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    document.getElementById("try-answer").textContent = "";
+    ask("try", { prompt: tryForm.prompt.value, max_tokens: Number(tryForm.max_tokens.value) });
+  });
+  const measureForm = document.getElementById("measure-form");
+  measureForm.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    ask("measure", { measure: true, streams: Number(measureForm.streams.value), max_tokens: Number(measureForm.max_tokens.value) });
+  });
+}
