@@ -318,6 +318,15 @@ class Stop(Envelope):
 class Restart(Envelope):
     type: Literal["restart"]
     deployment: DeploymentId
+    # Restart with this launch instead of the running one (the server changed it: a fault injected into a
+    # simulated deployment, or cleared). None: the launch the agent already runs.
+    launch: Launch | None = None
+
+    @model_validator(mode="after")
+    def _same_deployment(self) -> Restart:
+        if self.launch is not None and self.launch.deployment != self.deployment:
+            raise ValueError(f"the launch is for {self.launch.deployment}, not {self.deployment}")
+        return self
 
 
 class Ask(Envelope):

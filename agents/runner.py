@@ -342,6 +342,8 @@ class Agent:
         else:
             if isinstance(command, protocol.Launch):
                 self.launches[command.deployment] = command
+            elif isinstance(command, protocol.Restart) and command.launch is not None:
+                self.launches[command.deployment] = command.launch
             self.start(self.run_command(command))
 
     def start(self, work) -> None:

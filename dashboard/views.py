@@ -1,14 +1,16 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from dashboard import deploy, fleet, read, roles, tasks
+from dashboard import deploy, fleet, mailsink, read, roles, tasks
 from dashboard.browser_json import json_response
 from dashboard.forms import DeployForm
 from dashboard.models import Deployment, Node, PlanRequest
@@ -104,6 +106,8 @@ def deployment_page(request: HttpRequest, pk: str) -> HttpResponse:
         "gpu_names": {g.pk: f"GPU{g.index}" for g in deployment.node.gpus.all()},
         "access": read.server_access(deployment),
         "measurements": deployment.measurements.all()[:20],
+        "faults": deploy.fault_choices(deployment) if deployment.launch.get("backend") == "simulated" else [],
+        "injected": deploy.injected_fault(deployment),
     }
     return render(request, "dashboard/deployment.html", context)
 
@@ -115,6 +119,8 @@ def deployment_action(request: HttpRequest, pk: str, action: str) -> HttpRespons
     deployment = get_object_or_404(Deployment, pk=pk)
     if action == "discard":
         return discard_deployment(request, deployment)
+    if action == "inject":
+        return inject_fault(request, deployment)
     task = {"stop": tasks.stop_deployment, "restart": tasks.restart_deployment}.get(action)
     if task is None:
         raise Http404(f"unknown action {action}")
@@ -132,3 +138,25 @@ def discard_deployment(request: HttpRequest, deployment: Deployment) -> HttpResp
     tasks.announce_deployment_change(deployment.pk)
     messages.info(request, f"{deployment.name} discarded")
     return redirect("fleet")
+
+
+def inject_fault(request: HttpRequest, deployment: Deployment) -> HttpResponse:
+    """Checked here (a bad fault is refused with the reason, nothing changes); the restart task applies it."""
+    fault, by = request.POST.get("fault", ""), request.user.get_username()
+    try:
+        deploy.check_fault(deployment, fault)
+    except deploy.DeployError as exc:
+        messages.error(request, str(exc))
+        return redirect(deployment)
+    tasks.restart_deployment.delay(deployment.pk, fault, by)
+    messages.info(request, f"{fault} injected: {deployment.node.name} restarts the simulated server with it")
+    return redirect(deployment)
+
+
+@login_required
+def demo_mails(request: HttpRequest) -> HttpResponse:
+    """The mails the demo's SMTP sink received (alert mail), newest first; only where runstack runs the sink."""
+    if not settings.DEMO_MAIL_DIR:
+        raise Http404("this page exists only in the demo, where runstack runs a local SMTP sink")
+    mails = mailsink.kept_mails(Path(settings.DEMO_MAIL_DIR))
+    return render(request, "dashboard/demo_mails.html", {"mails": mails, "directory": settings.DEMO_MAIL_DIR})

@@ -285,6 +285,8 @@ EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.smtp.
 EMAIL_HOST = os.environ.get("EMAIL_HOST", "127.0.0.1")
 EMAIL_PORT = int(envfloat("EMAIL_PORT", "25"))
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "layercake@localhost")
+# The demo's SMTP sink keeps mails here (runstack sets it); /demo/mails/ lists them. Unset: no such page.
+DEMO_MAIL_DIR = os.environ.get("DEMO_MAIL_DIR", "")
 # Alert mails: at most ALERT_MAIL_LIMIT per operator channel within ALERT_MAIL_WINDOW_S; the rest are
 # recorded as skipped and summarised in the next mail.
 ALERT_MAIL_LIMIT = int(envfloat("ALERT_MAIL_LIMIT", "10"))
