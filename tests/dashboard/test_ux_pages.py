@@ -122,6 +122,7 @@ def test_it_discards_a_planned_deployment_and_refuses_a_running_one(client, alic
     client.force_login(alice)
     page = client.get(deployment.get_absolute_url()).content.decode()
     assert 'id="discard"' in page
+    assert f'action="/deployments/{deployment.pk}/discard/"' in client.get("/").content.decode()
     response = client.post(f"/deployments/{deployment.pk}/discard/")
     assert response.status_code == 302 and response.url == "/"
     deployment.refresh_from_db()
