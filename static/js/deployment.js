@@ -62,6 +62,7 @@ Live.onUpdate((msg) => {
 const asks = new Map(); // request id -> { kind: "try" | "measure" }
 const pending = new Map(); // the page's ref -> kind, until the server names the request
 let askCount = 0;
+const ASK_GIVE_UP_MS = 180 * 1000; // the agent gives a silent server 120 s before it answers with the error
 
 function num(value, digits) { return value === null || value === undefined ? "–" : Number(value).toFixed(digits); }
 function ms(value) { return value === null || value === undefined ? "–" : `${Math.round(value * 1000)} ms`; }
@@ -94,6 +95,12 @@ Live.onAsk((msg) => {
     if (msg.type === "fleet.refused") { document.getElementById(`${kind}-status`).textContent = msg.error; return; }
     asks.set(msg.request, kind);
     document.getElementById(`${kind}-status`).textContent = kind === "try" ? "streaming…" : "measuring…";
+    // An agent that is offline, or too old to know asks, never answers: say so rather than wait forever.
+    setTimeout(() => {
+      if (asks.get(msg.request) !== kind) return;
+      asks.delete(msg.request);
+      document.getElementById(`${kind}-status`).textContent = "no answer from the node's agent within 3 minutes";
+    }, ASK_GIVE_UP_MS);
     return;
   }
   const kind = asks.get(msg.request);
