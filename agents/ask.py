@@ -25,6 +25,12 @@ REQUEST_TIMEOUT_S = 120.0  # a server that sends nothing for this long (a stalle
 MIN_SEND_INTERVAL_S = 0.1  # text is sent on at most every 100 ms: one frame per token would be chatty
 
 Send = Callable[[str], Awaitable[None]]
+# Prompts never run on the event loop's default pool: the supervisor's health and metrics probes run there,
+# and prompts to a stalled server hang for REQUEST_TIMEOUT_S. At most this many at once; more are refused.
+MAX_TRIES = 4
+TRY_POOL = ThreadPoolExecutor(max_workers=MAX_TRIES, thread_name_prefix="ask-try")
+in_flight = {"try": 0, "measure": 0}  # one measurement at a time per agent: two would measure each other
+LIMITS = {"try": MAX_TRIES, "measure": 1}
 
 
 @dataclass
@@ -139,7 +145,7 @@ async def try_prompt(ask: protocol.Ask, url: str, model: str, send: Send) -> Non
     loop, queue = asyncio.get_running_loop(), asyncio.Queue()
     body = chat_body(model, ask.prompt, ask.max_tokens)
     job = loop.run_in_executor(
-        None, stream_chat, url, body, lambda text: loop.call_soon_threadsafe(queue.put_nowait, text)
+        TRY_POOL, stream_chat, url, body, lambda text: loop.call_soon_threadsafe(queue.put_nowait, text)
     )
     while not job.done() or not queue.empty():
         await asyncio.wait(
@@ -172,5 +178,16 @@ async def answer(ask: protocol.Ask, port: int | None, host: str, model: str, sen
             answer_frame(ask, done=True, error=f"deployment {ask.deployment} is not serving on this node")
         )
         return
+    kind = "measure" if ask.measure else "try"
+    if in_flight[kind] >= LIMITS[kind]:
+        busy = (
+            f"{in_flight[kind]} {'measurement' if ask.measure else 'prompt'}(s) already running on this node"
+        )
+        await send(answer_frame(ask, done=True, error=f"{busy}; try again when it ends"))
+        return
     url = f"http://{host}:{port}/v1/chat/completions"
-    await (measure if ask.measure else try_prompt)(ask, url, model, send)
+    in_flight[kind] += 1
+    try:
+        await (measure if ask.measure else try_prompt)(ask, url, model, send)
+    finally:
+        in_flight[kind] -= 1

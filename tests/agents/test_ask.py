@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -78,3 +79,29 @@ def test_it_lists_the_server_pid_for_memory_a_simulated_gpu_holds_for_it():
     assert [(p.pid, p.used_mib) for p in source.sample()[1].processes] == [(4321, 19999)]
     source.clear_load(1)
     assert all(p.pid != 4321 for s in [source.sample()[1]] for p in s.processes)
+
+
+def test_it_bounds_prompts_to_a_stalled_server_and_keeps_the_probes_pool_free(start_sim, monkeypatch):
+    monkeypatch.setattr(ask, "REQUEST_TIMEOUT_S", 2.0)
+    sim = start_sim("--fault", "stall")
+    sent: list[str] = []
+
+    async def send(frame: str) -> None:
+        sent.append(frame)
+
+    async def scenario() -> float:
+        tries = [
+            asyncio.create_task(ask.answer(an_ask(), sim.port, "127.0.0.1", MODEL, send)) for _ in range(5)
+        ]
+        await asyncio.sleep(0.5)
+        started = time.monotonic()
+        await asyncio.to_thread(lambda: None)  # what the supervisor's health and metrics probes use
+        probe_wait = time.monotonic() - started
+        await asyncio.gather(*tries)
+        return probe_wait
+
+    probe_wait = asyncio.run(scenario())
+    errors = [json.loads(f)["error"] for f in sent if json.loads(f)["done"]]
+    assert sorted(errors)[0].startswith("4 prompt(s) already running on this node")
+    assert sum("timed out" in e for e in errors) == 4, errors
+    assert probe_wait < 0.5 and ask.in_flight == {"try": 0, "measure": 0}
