@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from agents import protocol
 from dashboard import roles
 from dashboard.choices import DeploymentState
-from dashboard.models import Deployment, DeploymentMeasurement
+from dashboard.models import Deployment, DeploymentLoadTest
 
 ASKABLE = (DeploymentState.READY, DeploymentState.SERVING)
 MEASURE_PROMPT = "Write a short story about a GPU cluster that learns to plan its own work."
@@ -63,8 +63,8 @@ def _first_error(exc: Exception) -> str:
     return str(exc)
 
 
-def _measurement_row(deployment: Deployment, ask: protocol.Ask, user: Any) -> DeploymentMeasurement:
-    return DeploymentMeasurement.objects.create(
+def _measurement_row(deployment: Deployment, ask: protocol.Ask, user: Any) -> DeploymentLoadTest:
+    return DeploymentLoadTest.objects.create(
         deployment=deployment,
         request=ask.request,
         created_by=user if getattr(user, "is_authenticated", False) else None,
@@ -75,15 +75,15 @@ def _measurement_row(deployment: Deployment, ask: protocol.Ask, user: Any) -> De
     )
 
 
-def record_answer(node_id: int, answer: protocol.Answer) -> DeploymentMeasurement | None:
+def record_answer(node_id: int, answer: protocol.Answer) -> DeploymentLoadTest | None:
     """Store a measurement's result, only for a measurement this server asked that node for."""
     if not answer.done or answer.measurement is None:
         return None
-    row = DeploymentMeasurement.objects.filter(
+    row = DeploymentLoadTest.objects.filter(
         request=answer.request,
         deployment_id=answer.deployment,
         deployment__node_id=node_id,
-        status=DeploymentMeasurement.RUNNING,
+        status=DeploymentLoadTest.RUNNING,
     ).first()
     if row is not None:
         row.record(answer.measurement, answer.error)

@@ -105,7 +105,7 @@ def deployment_page(request: HttpRequest, pk: str) -> HttpResponse:
         "gpu_history": fleet.gpu_history(deployment.node, minutes=15, indices=deployment.launch.get("gpus")),
         "gpu_names": {g.pk: f"GPU{g.index}" for g in deployment.node.gpus.all()},
         "access": read.server_access(deployment),
-        "measurements": deployment.measurements.all()[:20],
+        "measurements": deployment.load_tests.all()[:20],
         "faults": deploy.fault_choices(deployment) if deployment.launch.get("backend") == "simulated" else [],
         "injected": deploy.injected_fault(deployment),
     }

@@ -4,7 +4,7 @@ from dashboard.models.alerts import Alert, AlertEvent, Channel, Notification
 from dashboard.models.deployments import (
     Deployment,
     DeploymentEvent,
-    DeploymentMeasurement,
+    DeploymentLoadTest,
     DeploymentMember,
     DeploymentMetric,
     PlanRequest,
@@ -18,7 +18,7 @@ __all__ = [
     "Channel",
     "Deployment",
     "DeploymentEvent",
-    "DeploymentMeasurement",
+    "DeploymentLoadTest",
     "DeploymentMember",
     "DeploymentMetric",
     "Gpu",

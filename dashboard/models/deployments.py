@@ -355,14 +355,14 @@ class DeploymentMetric(models.Model):
         return f"{self.deployment_id} @ {self.t:%H:%M:%S}"
 
 
-class DeploymentMeasurement(models.Model):
+class DeploymentLoadTest(models.Model):
     """A short load test run through the agent ("Measure" on the deployment page): what the server did at a
     concurrency the operator picked, next to what the planner predicted for the plan it runs."""
 
     RUNNING, DONE, FAILED = "running", "done", "failed"
     STATUSES = [(RUNNING, "Running"), (DONE, "Done"), (FAILED, "Failed")]
 
-    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="measurements")
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="load_tests")
     request = models.CharField(max_length=32, unique=True, help_text="the ask's request id")
     created = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)

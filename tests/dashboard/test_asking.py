@@ -8,7 +8,7 @@ from django.core.exceptions import PermissionDenied
 from agents import protocol
 from dashboard import asking
 from dashboard.choices import DeploymentState
-from dashboard.models import Deployment, DeploymentMeasurement
+from dashboard.models import Deployment, DeploymentLoadTest
 from tests.dashboard.test_ux_pages import running_on
 from tests.personas import sim_node, viewer
 
@@ -20,7 +20,7 @@ def serving():
     return running_on(sim_node("rtx4090-box", "sim:rtx4090x2"), [0])
 
 
-def answer(request: str, node_id: int, deployment: str = "d1", **m) -> DeploymentMeasurement | None:
+def answer(request: str, node_id: int, deployment: str = "d1", **m) -> DeploymentLoadTest | None:
     result = {"streams": 4, "completed": 4, "tokens": 256, "seconds": 2.5, "tok_s_per_stream": 31.0, **m}
     frame = protocol.Answer(
         type="answer", v=1, deployment=deployment, request=request, done=True, measurement=result
@@ -33,7 +33,7 @@ def test_it_builds_the_agent_command_and_a_measurement_row_beside_the_prediction
     command = protocol.parse_server_command(frame)
     assert (node_id, command.streams, command.measure, command.request) == (serving.node_id, 4, True, request)
     assert command.prompt == asking.MEASURE_PROMPT
-    row = DeploymentMeasurement.objects.get(request=request)
+    row = DeploymentLoadTest.objects.get(request=request)
     assert (row.status, row.streams, row.predicted_tok_s, row.created_by) == ("running", 4, 40.0, alice)
     stored = answer(request, serving.node_id)
     assert (stored.status, stored.tok_s_per_stream, stored.tokens) == ("done", 31.0, 256)
@@ -46,7 +46,7 @@ def test_it_stores_a_result_only_from_the_node_that_was_asked_and_only_once(alic
     assert answer("f" * 32, serving.node_id) is None
     assert answer(request, serving.node_id, tok_s_per_stream=5.0).tok_s_per_stream == 5.0
     assert answer(request, serving.node_id, tok_s_per_stream=99.0) is None
-    assert DeploymentMeasurement.objects.get(request=request).tok_s_per_stream == 5.0
+    assert DeploymentLoadTest.objects.get(request=request).tok_s_per_stream == 5.0
 
 
 def test_it_records_a_measurement_where_no_stream_finished_as_failed(alice, serving):
@@ -81,7 +81,7 @@ def test_it_refuses_a_bad_ask_saying_what_is_wrong_and_stores_nothing(alice, ser
         return
     with pytest.raises(asking.AskRefused, match=message):
         asking.start_ask(alice, data)
-    assert not DeploymentMeasurement.objects.exists()
+    assert not DeploymentLoadTest.objects.exists()
 
 
 def test_it_refuses_a_deployment_that_is_not_serving_and_a_viewer(alice, serving):

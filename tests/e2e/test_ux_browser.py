@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from dashboard.models import DeploymentMeasurement
+from dashboard.models import DeploymentLoadTest
 from tests.e2e.test_browser import login
 from tests.e2e.test_e2e_deploy import deploy_plan, plan_through_the_form, seed_agent, server_env, state_of  # noqa: F401
 from tests.harness import wait_until
@@ -40,7 +40,7 @@ def test_it_tries_a_prompt_and_measures_the_deployment_from_its_page(live_stack,
     page.fill("#measure-max-tokens", "24")
     page.click("#measure-run")
     page.wait_for_selector("#measurements tbody tr.measurement", timeout=30000)
-    row = DeploymentMeasurement.objects.get(deployment=serving)
+    row = DeploymentLoadTest.objects.get(deployment=serving)
     assert (row.status, row.streams, row.completed, row.tokens) == ("done", 3, 3, 72)
     predicted = serving.chosen_plan.decode_tok_s
     assert (
