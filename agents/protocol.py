@@ -238,11 +238,43 @@ class Probe(Sequenced):
     health_body: Annotated[str, Field(max_length=500)] = ""
 
 
+# ---- asking a deployment's server through its agent ("Try it" and "Measure" on the deployment page) ----
+# A browser cannot reach a node's loopback port, so the server sends `ask` to the agent, which sends the
+# prompt to the server it supervises and answers with `answer` frames (not sequenced: nothing is replayed).
+RequestId = Annotated[str, Field(pattern=r"^[a-f0-9]{32}$")]
+MAX_ASK_STREAMS = 64
+
+
+class Measurement(Strict):
+    """A short load test's result: decode tokens/s per stream (mean) and in total, TTFT and ITL means."""
+
+    streams: Annotated[int, Field(ge=1, le=MAX_ASK_STREAMS)]
+    completed: Annotated[int, Field(ge=0, le=MAX_ASK_STREAMS)]
+    tokens: Counter
+    seconds: Annotated[float, Field(ge=0, le=3600)]
+    tok_s_per_stream: NonNegative | None = None
+    tok_s_total: NonNegative | None = None
+    ttft_s: NonNegative | None = None
+    itl_s: NonNegative | None = None
+
+
+class Answer(Envelope):
+    """Part of an answer to `ask`: text as it streams (one stream), or the measurement when done."""
+
+    type: Literal["answer"]
+    deployment: DeploymentId
+    request: RequestId
+    text: Annotated[str, Field(max_length=16_000)] = ""
+    done: bool = False
+    error: Annotated[str, Field(max_length=2000)] = ""
+    measurement: Measurement | None = None
+
+
 Report = DeploymentStatus | Metrics | Probe  # what an agent says about one deployment
 AgentMessage = Annotated[
-    Hello | Samples | LogTail | DeploymentStatus | Metrics | Probe, Field(discriminator="type")
+    Hello | Samples | LogTail | DeploymentStatus | Metrics | Probe | Answer, Field(discriminator="type")
 ]
-AGENT_TYPES = ("hello", "samples", "logs", "deployment", "metrics", "probe")
+AGENT_TYPES = ("hello", "samples", "logs", "deployment", "metrics", "probe", "answer")
 
 
 class _AgentFrame(BaseModel):
@@ -328,6 +360,15 @@ class Stop(Envelope):
 class Restart(Envelope):
     type: Literal["restart"]
     deployment: DeploymentId
+    # Restart with this launch instead of the running one (the server changed it: a fault injected into a
+    # simulated deployment, or cleared). None: the launch the agent already runs.
+    launch: Launch | None = None
+
+    @model_validator(mode="after")
+    def _same_deployment(self) -> Restart:
+        if self.launch is not None and self.launch.deployment != self.deployment:
+            raise ValueError(f"the launch is for {self.launch.deployment}, not {self.deployment}")
+        return self
 
 
 class CanarySettings(Strict):
@@ -350,9 +391,22 @@ class Canary(Envelope):
     canary: CanarySettings = CanarySettings()
 
 
-Command = Launch | Stop | Restart | Canary
+class Ask(Envelope):
+    """Send a prompt to a deployment's server: one stream ("Try it", the text streams back in `answer`
+    frames), or `streams` at once as a short load test ("Measure", one `answer` with the measurement)."""
+
+    type: Literal["ask"]
+    deployment: DeploymentId
+    request: RequestId
+    prompt: Annotated[str, Field(min_length=1, max_length=4000)]
+    max_tokens: Annotated[int, Field(ge=1, le=2048)] = 128
+    streams: Annotated[int, Field(ge=1, le=MAX_ASK_STREAMS)] = 1
+    measure: bool = False
+
+
+Command = Launch | Stop | Restart | Canary | Ask
 ServerCommand = Annotated[Command, Field(discriminator="type")]
-COMMAND_TYPES = ("launch", "stop", "restart", "canary")
+COMMAND_TYPES = ("launch", "stop", "restart", "canary", "ask")
 
 
 class _ServerFrame(BaseModel):
@@ -372,7 +426,7 @@ def parse_server_command(raw: str | bytes) -> Command:
         raise ProtocolError("invalid", _describe(exc)) from None
 
 
-def parse_agent_message(raw: str | bytes) -> Hello | Samples | LogTail | Report:
+def parse_agent_message(raw: str | bytes) -> Hello | Samples | LogTail | Report | Answer:
     """Validate one frame from an agent; raise ProtocolError saying exactly what is wrong."""
     size = frame_bytes(raw)
     if size > MAX_FRAME_BYTES:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import websockets
 
-from agents import __version__, protocol
+from agents import __version__, ask, protocol
 from agents.backends import LaunchRefused
 from agents.canary import ProbeOutcome
 from agents.gpus.base import GpuSource, GpuSourceError, LoadAware
@@ -107,6 +107,7 @@ class Agent:
             else None
         )
         self.commands: set[asyncio.Task] = set()
+        self.ws = None  # the open connection: answers to `ask` go straight on it, never through the outbox
         self.launches: dict[str, protocol.Launch] = {}
         self.generated: dict[str, float] = {}
 
@@ -225,13 +226,18 @@ class Agent:
             return
         totals = {g.index: g.memory_total_mib for g in self.source.inventory()}
         fraction = launch.options.gpu_memory_utilization or 0.9
+        pid = self.server_pid(deployment)
         for index in (i for i in launch.gpus if i in totals):
             if state in ("stopped", "failed"):
                 self.source.clear_load(index)
             elif state in ("loading", "ready"):
-                self.source.set_load(index, util=5.0, mem_used_mib=fraction * totals[index])
+                self.source.set_load(index, util=5.0, mem_used_mib=fraction * totals[index], pid=pid)
             elif state == "serving":  # re-attached after an agent restart: the KV pool is still held
-                self.source.set_load(index, mem_used_mib=fraction * totals[index])
+                self.source.set_load(index, mem_used_mib=fraction * totals[index], pid=pid)
+
+    def server_pid(self, deployment: str) -> int | None:
+        running = self.supervisor.deployments.get(deployment) if self.supervisor is not None else None
+        return running.child.pid if running is not None else None
 
     def launch_of(self, deployment: str) -> protocol.Launch | None:
         """The launch a deployment runs: as received, or as re-attached from the supervisor's state file."""
@@ -302,10 +308,12 @@ class Agent:
             self.outbox.ack(welcome["last_seq"])
             log.info("connected as %s; replaying %d frames", welcome["node"], len(self.outbox.frames))
             self.connected.set()
+            self.ws = ws
             try:
                 await self.exchange(ws)
             finally:
                 self.connected.clear()
+                self.ws = None
 
     async def expect_welcome(self, ws) -> dict:
         reply = json.loads(await asyncio.wait_for(ws.recv(), timeout=30))
@@ -344,19 +352,26 @@ class Agent:
             command = protocol.parse_server_command(json.dumps(message))
         except protocol.ProtocolError as exc:
             log.error("refused a command from the server: %s", exc.message)
-            if isinstance(message.get("deployment"), str):
+            if isinstance(message.get("deployment"), str) and message.get("type") != "ask":
                 self.emit_status_safely(message["deployment"], f"refused: {exc.message}")
             return
-        if self.supervisor is None and isinstance(command, protocol.Canary):
+        if isinstance(command, protocol.Ask):
+            self.start(self.answer(command))
+        elif self.supervisor is None and isinstance(command, protocol.Canary):
             return  # settings for servers this agent does not run
-        if self.supervisor is None:
+        elif self.supervisor is None:
             self.emit_status(
                 command.deployment, "failed", detail="this agent runs no inference servers (--run-dir)"
             )
-            return
-        if isinstance(command, protocol.Launch):
-            self.launches[command.deployment] = command
-        task = asyncio.create_task(self.run_command(command))
+        else:
+            if isinstance(command, protocol.Launch):
+                self.launches[command.deployment] = command
+            elif isinstance(command, protocol.Restart) and command.launch is not None:
+                self.launches[command.deployment] = command.launch
+            self.start(self.run_command(command))
+
+    def start(self, work) -> None:
+        task = asyncio.create_task(work)
         self.commands.add(task)
         task.add_done_callback(self.commands.discard)
 
@@ -365,6 +380,23 @@ class Agent:
             self.emit_status(deployment, "failed", detail=detail[:4000])
         except ValueError:
             log.error("cannot even report on deployment id %r", deployment[:80])
+
+    async def answer(self, command: protocol.Ask) -> None:
+        supervisor = self.supervisor
+        endpoint = supervisor.api_endpoint(command.deployment) if supervisor is not None else None
+        port, model = endpoint if endpoint is not None else (None, "")
+        host = supervisor.host if supervisor is not None else ""
+        await ask.answer(command, port, host, model, self.send_now)
+
+    async def send_now(self, frame: str) -> None:
+        """Send a frame that is not worth replaying (an answer): dropped while disconnected."""
+        ws = self.ws
+        if ws is None:
+            return
+        try:
+            await ws.send(frame)
+        except websockets.WebSocketException as exc:
+            log.warning("an answer was not sent: %s", exc)
 
     async def run_command(self, command) -> None:
         try:

@@ -331,6 +331,16 @@ class Supervisor:
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._polling = asyncio.Lock()
 
+    def api_endpoint(self, deployment: str) -> tuple[int, str] | None:
+        """(port, served model name) of a server of this node that is up and serves the API, or None."""
+        current = self.deployments.get(deployment)
+        if current is None or current.finished or current.state not in ("ready", "serving"):
+            return None
+        if not current.serves_api:
+            return None
+        options = current.admitted.options
+        return current.port, options.served_model_name or current.admitted.model
+
     # ---- commands ----
     async def handle(self, command: Command) -> None:
         """Act on one command. A refusal is reported as a failed status and raised as LaunchRefused."""
@@ -343,7 +353,7 @@ class Supervisor:
                 elif isinstance(command, Stop):
                     await self._stop(command.deployment)
                 else:
-                    await self._restart(command.deployment)
+                    await self._restart(command.deployment, command.launch)
             except LaunchRefused as exc:
                 self.emit_status(command.deployment, "failed", detail=f"refused: {exc.reason}")
                 raise
@@ -373,15 +383,18 @@ class Supervisor:
         await self._terminate(current)
         self._finish(current)
 
-    async def _restart(self, deployment: str) -> None:
+    async def _restart(self, deployment: str, launch: Launch | None = None) -> None:
+        """Restart with the running launch, or with `launch` (checked before the old server is stopped)."""
         current = self._known(deployment)
         if current is None:
             raise LaunchRefused(f"deployment {deployment} is not known on this node; send a launch instead")
+        launch = launch or current.launch
+        adapter = self._adapter(launch.backend)
+        admitted = admit(adapter, launch, self.model_dirs)
         if not current.finished:
             await self._terminate(current)
             self._finish(current, detail="restarting")
-        adapter = self._adapter(current.launch.backend)
-        self._spawn(current.launch, admit(adapter, current.launch, self.model_dirs), adapter)
+        self._spawn(launch, admitted, adapter)
 
     def _set_canary(self, deployment: str, settings: CanarySettings) -> None:
         self.canaries[deployment] = settings

@@ -45,8 +45,8 @@ class LinkClass(ChoiceSet):
         ("PXB", "Several PCIe bridges, no host bridge (P2P)", "#8bc34a"),
         ("PHB", "Through a PCIe host bridge (the CPU)", "#ffc107"),
         ("NODE", "Across host bridges within a NUMA node", "#ff9800"),
-        ("SYS", "Across NUMA nodes (QPI/UPI/SMP interconnect)", "#e53935"),
-        ("SOC", "Across CPU sockets (old name of SYS)", "#e53935"),
+        ("SYS", "Across NUMA nodes (QPI/UPI/SMP interconnect)", "#ef5350"),
+        ("SOC", "Across CPU sockets (old name of SYS)", "#ef5350"),
         ("X", "Self", "#9e9e9e"),
     ]
 

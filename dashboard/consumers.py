@@ -10,6 +10,7 @@ agent.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import weakref
@@ -17,17 +18,19 @@ import weakref
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError
 from redis.exceptions import RedisError
 
 from agents import protocol
-from dashboard import browser_json, deploy, ingest, tasks
+from dashboard import asking, browser_json, deploy, ingest, tasks
 from dashboard.choices import NodeStatus
 from dashboard.live import FLEET_GROUP, FleetFanout, agent_group, announce_node
 from dashboard.models import AgentToken, Node
 from dashboard.telemetry import LIVE
 
 CHANNEL_LAYER_TIMEOUT_S = 5.0  # a hello that waits longer on Redis is told to reconnect
+MAX_BROWSER_FRAME_CHARS = 16_384  # a browser's ask: a prompt of at most 4,000 characters and a few fields
 
 log = logging.getLogger(__name__)
 _buffers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ingest.IngestBuffer] = (
@@ -123,12 +126,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def handle(
         self,
-        message: protocol.Hello | protocol.Samples | protocol.LogTail | protocol.Report,
+        message: protocol.Hello | protocol.Samples | protocol.LogTail | protocol.Report | protocol.Answer,
     ) -> None:
         if isinstance(message, protocol.Hello):
             await self.hello(message)
         elif self.gpu_ids is None:
             raise protocol.ProtocolError("hello_required", "send hello before samples or logs")
+        elif isinstance(message, protocol.Answer):
+            await self.answer(message)
         elif message.seq <= self.stored_seq:
             await self.send(protocol.ack(self.stored_seq))  # a replay of what is already stored
         elif message.seq <= self.accepted_seq:
@@ -158,6 +163,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
         for frame in await database_sync_to_async(deploy.desired_launches)(node):
             await self.send(frame)  # the agent launches idempotently: this only restores what it lost
         await announce_node(node.pk, node.name, NodeStatus.ONLINE)
+
+    async def answer(self, message: protocol.Answer) -> None:
+        """Part of an answer to a browser's ask: stored if it ends a measurement, passed to that browser."""
+        if message.done:
+            await database_sync_to_async(asking.record_answer)(self.node.pk, message)
+        await self.channel_layer.group_send(asking.ask_group(message.request), asking.browser_event(message))
 
     async def agent_command(self, event: dict) -> None:
         """A command for this node's agent from a Celery task (launch, stop, restart)."""
@@ -243,6 +254,30 @@ class FleetConsumer(AsyncWebsocketConsumer):
         if self.counted:
             LIVE.socket_closed("browser")
         await self.channel_layer.group_discard(FLEET_GROUP, self.channel_name)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        """A browser asks a deployment's server something ("Try it", "Measure"), through the node's agent."""
+        try:
+            data = json.loads(text_data or "") if len(text_data or "") <= MAX_BROWSER_FRAME_CHARS else None
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) or data.get("type") != "ask":
+            await self.send(browser_json.dumps({"type": "fleet.refused", "error": "expected an ask (JSON)"}))
+            return
+        ref = str(data.get("ref", ""))[:64]  # the page's own name for this ask, echoed back
+        try:
+            node_id, frame, request = await database_sync_to_async(asking.start_ask)(self.scope["user"], data)
+        except (asking.AskRefused, PermissionDenied) as exc:
+            await self.send(browser_json.dumps({"type": "fleet.refused", "ref": ref, "error": str(exc)}))
+            return
+        await self.channel_layer.group_add(asking.ask_group(request), self.channel_name)
+        await self.channel_layer.group_send(agent_group(node_id), {"type": "agent.command", "frame": frame})
+        await self.send(browser_json.dumps({"type": "fleet.asked", "ref": ref, "request": request}))
+
+    async def fleet_answer(self, event: dict) -> None:
+        if event.get("done"):
+            await self.channel_layer.group_discard(asking.ask_group(event["request"]), self.channel_name)
+        await self.send(browser_json.dumps(event))
 
     async def fleet_update(self, event: dict) -> None:
         await self.send(event["text"])  # encoded once per tick for every browser (live.fleet_update)

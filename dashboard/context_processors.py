@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest
 
 from dashboard.models import Alert
@@ -16,7 +17,7 @@ def alert_banner(request: HttpRequest) -> dict[str, Any]:
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {}
-    return banner_context()
+    return {**banner_context(), "demo_mail": bool(settings.DEMO_MAIL_DIR)}
 
 
 def banner_context() -> dict[str, Any]:

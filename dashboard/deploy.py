@@ -7,7 +7,7 @@ import json
 import logging
 import traceback
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, get_args
 
 from django.conf import settings
 from django.db import transaction
@@ -444,3 +444,97 @@ def stale_plan_text(row: PlanRequest, stale_after_s: float) -> str:
         f"planning stopped without finishing {row.attempts} times (no result after {stale_after_s:.0f} s "
         f"each time): the Celery worker was killed or restarted while planning; see its log, then plan again"
     )
+
+
+class NotPlanned(DeployError):
+    """Only a deployment that was never launched can be discarded."""
+
+
+def discard_planned(deployment_id: str, why: str) -> Deployment:
+    """Take a never-launched deployment off the fleet: stopped (kept, with the reason), never launched later.
+    The row lock keeps a launch task that runs at the same moment from sending it."""
+    with transaction.atomic():
+        deployment = Deployment.objects.select_for_update().get(pk=deployment_id)
+        if deployment.state != DeploymentState.PLANNED:
+            raise NotPlanned(
+                f"{deployment.name} is {deployment.state_label().lower()}, not planned: stop it instead"
+            )
+        deployment.move_to(DeploymentState.STOPPED, why, desired=DesiredState.STOPPED)
+    return deployment
+
+
+def expire_planned(now: datetime, after_s: float) -> list[Deployment]:
+    """Discard every deployment still planned (never launched) `after_s` seconds after it was created."""
+    cutoff = now - timedelta(seconds=after_s)
+    stale = Deployment.objects.filter(state=DeploymentState.PLANNED, created__lt=cutoff)
+    why = f"expired: planned {after_s:.0f} s ago and never launched"
+    expired = []
+    for pk in stale.values_list("pk", flat=True):
+        try:
+            expired.append(discard_planned(pk, why))
+        except NotPlanned:  # launched meanwhile
+            continue
+    return expired
+
+
+# The simulated backend's faults, as the launch options name them (one list: agents.protocol's).
+SIM_FAULTS = tuple(
+    f for f in get_args(protocol.LaunchOptions.model_fields["sim_fault"].annotation) if f != "none"
+)
+FAULT_LABELS = {
+    "nccl-init-hang": "NCCL-init hang (the restarted server hangs setting up NCCL)",
+    "stall": "stall with requests in flight (the engine stops stepping; send a prompt with Try it)",
+    "crash": "crash (the server dies a few seconds after it is ready)",
+}
+
+
+def fault_choices(deployment: Deployment) -> list[tuple[str, str, str]]:
+    """(fault, label, why it cannot be injected here or "") for the deployment page's Inject fault form."""
+    return [(f, FAULT_LABELS.get(f, f), _fault_refusal(deployment, f)) for f in SIM_FAULTS]
+
+
+def _fault_refusal(deployment: Deployment, fault: str) -> str:
+    options = deployment.launch.get("options", {})
+    if fault == "nccl-init-hang" and options.get("tp", 1) < 2 and options.get("nnodes", 1) < 2:
+        return f"needs tensor parallelism (TP 2 or more); this deployment runs TP {options.get('tp', 1)}"
+    return ""
+
+
+def check_fault(deployment: Deployment, fault: str) -> None:
+    """Raise DeployError saying why `fault` cannot be injected into this deployment (`none`: cleared)."""
+    if deployment.launch.get("backend") != "simulated":
+        raise DeployError(
+            f"faults are only injected into simulated deployments; {deployment.name} runs "
+            f"{deployment.launch.get('backend')}"
+        )
+    if fault != "none" and fault not in SIM_FAULTS:
+        raise DeployError(f"unknown fault {fault[:40]!r}: one of {', '.join(SIM_FAULTS)}")
+    refusal = _fault_refusal(deployment, fault) if fault != "none" else ""
+    if refusal:
+        raise DeployError(f"cannot inject {fault}: {refusal}")
+    if deployment.members.exists():
+        raise DeployError("faults are injected into single-node deployments only")
+
+
+def with_sim_fault(deployment_id: str, fault: str, by: str) -> Deployment:
+    """Set the fault the simulated server runs with (`none` clears it); the restart that follows applies it."""
+    with transaction.atomic():
+        deployment = Deployment.objects.select_for_update().get(pk=deployment_id)
+        check_fault(deployment, fault)
+        options = {**deployment.launch.get("options", {}), "sim_fault": fault}
+        deployment.launch = {**deployment.launch, "options": options}
+        deployment.save(update_fields=["launch"])
+        if fault != "none":
+            DeploymentEvent.objects.create(
+                deployment=deployment, state=deployment.state, detail=f"fault {fault} injected by {by}"
+            )
+    return deployment
+
+
+def restart_frame(deployment: Deployment, new_launch: bool) -> str:
+    launch = deployment.launch_command() if new_launch else None
+    return protocol.dump(protocol.Restart(type="restart", v=1, deployment=deployment.pk, launch=launch))
+
+
+def injected_fault(deployment: Deployment) -> str:
+    return deployment.launch.get("options", {}).get("sim_fault", "none")

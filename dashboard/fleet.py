@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from dashboard.choices import DeploymentState, LinkClass, NodeStatus
 from dashboard.live import TIMED_POINT_KEYS, GpuPoint, gpu_point
-from dashboard.models import Deployment, Gpu, GpuSample, LogChunk, Node
+from dashboard.models import Deployment, DeploymentMember, Gpu, GpuSample, LogChunk, Node
 
 
 @dataclass
@@ -19,6 +19,7 @@ class GpuRow:
     gpu: Gpu
     point: GpuPoint | None
     sample: GpuSample | None = None  # the newest sample the point comes from (the API shows all of it)
+    holder: Deployment | None = None  # the active deployment running on this GPU
 
 
 def latest_samples(gpus: list[Gpu]) -> dict[int, GpuSample]:
@@ -32,7 +33,29 @@ def fleet_overview(nodes: QuerySet[Node] | None = None) -> list[tuple[Node, list
     nodes = list((Node.objects.all() if nodes is None else nodes).prefetch_related("gpus"))
     gpus = [g for n in nodes for g in n.gpus.all()]
     latest = latest_samples(gpus)
-    return [(n, [GpuRow(g, _point(latest.get(g.pk)), latest.get(g.pk)) for g in n.gpus.all()]) for n in nodes]
+    holders = gpu_holders(nodes)
+    return [
+        (
+            n,
+            [
+                GpuRow(g, _point(latest.get(g.pk)), latest.get(g.pk), holders.get((n.pk, g.index)))
+                for g in n.gpus.all()
+            ],
+        )
+        for n in nodes
+    ]
+
+
+def gpu_holders(nodes: list[Node]) -> dict[tuple[int, int], Deployment]:
+    """(node id, GPU index) -> the active deployment running there: the head's GPUs and each member's."""
+    active = Deployment.objects.filter(state__in=DeploymentState.ACTIVE)
+    holders: dict[tuple[int, int], Deployment] = {}
+    for d in active.filter(node__in=nodes).select_related("node"):
+        holders.update({(d.node_id, i): d for i in d.launch.get("gpus", [])})
+    members = DeploymentMember.objects.filter(deployment__in=active, node__in=nodes)
+    for m in members.select_related("deployment__node"):
+        holders.update({(m.node_id, i): m.deployment for i in m.gpus})
+    return holders
 
 
 def _point(sample: GpuSample | None) -> GpuPoint | None:
@@ -132,12 +155,33 @@ def topology_grid(node: Node, selected: set[int] | None = None) -> dict[str, Any
 
 def _cell(a: str, b: str, links: dict) -> dict[str, str]:
     if a == b:
-        return {"label": "X", "color": LinkClass.color("X"), "p2p": "", "peer": b}
+        return _colored({"label": "X", "color": LinkClass.color("X"), "p2p": "", "peer": b})
     link = links.get(frozenset((a, b)))
     if link is None:
-        return {"label": "?", "color": "#ffffff", "p2p": "", "peer": b}
+        return _colored({"label": "?", "color": "#ffffff", "p2p": "", "peer": b})
     p2p = "/".join(x for x in (link.p2p_read, link.p2p_write) if x)
-    return {"label": link.link, "color": LinkClass.color(link.link_class), "p2p": p2p, "peer": b}
+    return _colored({"label": link.link, "color": LinkClass.color(link.link_class), "p2p": p2p, "peer": b})
+
+
+def _colored(cell: dict[str, str]) -> dict[str, str]:
+    return {**cell, "text": readable_text(cell["color"])}
+
+
+def relative_luminance(color: str) -> float:
+    """WCAG 2 relative luminance of a #rrggbb colour."""
+    channels = [int(color[i : i + 2], 16) / 255 for i in (1, 3, 5)]
+    r, g, b = (c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def contrast_ratio(a: str, b: str) -> float:
+    light, dark = sorted((relative_luminance(a), relative_luminance(b)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
+def readable_text(background: str) -> str:
+    """Black or white, whichever contrasts more with the cell's background."""
+    return max(("#111111", "#ffffff"), key=lambda text: contrast_ratio(text, background))
 
 
 def link_legend() -> list[tuple[str, str, str]]:

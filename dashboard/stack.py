@@ -216,3 +216,17 @@ def celery_worker_answers(broker_url: str, service: Service) -> bool:
     replies = celery_probe_app(broker_url).control.ping(timeout=1.0)
     prefix = celery_node_prefix(service) + "@"
     return any(name.startswith(prefix) for reply in replies for name in reply)
+
+
+def mail_sink_service(port: int, mail_dir: Path, log_dir: Path) -> Service:
+    """The demo's SMTP sink (dashboard.mailsink): alert mails land in `mail_dir` for the demo mail page."""
+    argv = [sys.executable, "-m", "dashboard.mailsink", "--port", str(port), "--dir", str(mail_dir)]
+    return Service("smtp-sink", argv, {}, log_dir / "smtp-sink.log")
+
+
+def port_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False

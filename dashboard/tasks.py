@@ -75,6 +75,20 @@ def sweep_stale_plans() -> int:
     return len(again) + len(failed)
 
 
+def announce_deployment_change(deployment_id: str) -> None:
+    """Tell the open pages about a deployment's new state (made on the server side, e.g. discarded)."""
+    async_to_sync(announce_deployment)(Deployment.objects.get(pk=deployment_id).summary())
+
+
+@shared_task(ignore_result=False)
+def expire_planned_deployments() -> int:
+    """Deployments left planned (never deployed, or queued while Celery was down) past PLANNED_EXPIRE_AFTER_S."""
+    expired = deploy.expire_planned(timezone.now(), settings.PLANNED_EXPIRE_AFTER_S)
+    for deployment in expired:
+        async_to_sync(announce_deployment)(deployment.summary())
+    return len(expired)
+
+
 @shared_task(ignore_result=False, acks_late=True, autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
 def launch_deployment(deployment_id: str) -> str:
     """Send the launch command to the node's agent. Safe to run twice: the agent launches once per id."""
@@ -155,8 +169,14 @@ def stop_processes(deployment_id: str) -> int:
 
 
 @shared_task(ignore_result=False, acks_late=True)
-def restart_deployment(deployment_id: str) -> str:
+def restart_deployment(deployment_id: str, fault: str | None = None, by: str = "") -> str:
+    """Restart; with `fault`, a simulated deployment restarts running that fault. A plain restart of a
+    deployment running an injected fault clears it (how the demo's stall is resolved)."""
     deployment = Deployment.objects.select_related("node").get(pk=deployment_id)
+    if fault is None and deploy.injected_fault(deployment) != "none":
+        fault = "none"
+    if fault is not None:
+        deployment = deploy.with_sim_fault(deployment_id, fault, by)
     # pid cleared: a restart that never reaches the agent is then re-sent as a launch (resend_lost_launches),
     # which an agent whose old server still runs answers with "already running".
     deployment.move_to(
@@ -167,7 +187,7 @@ def restart_deployment(deployment_id: str) -> str:
         pid=None,
         desired=DesiredState.RUNNING,
     )
-    send_to_agent(deployment, protocol.dump(protocol.Restart(type="restart", v=1, deployment=deployment.pk)))
+    send_to_agent(deployment, deploy.restart_frame(deployment, new_launch=fault is not None))
     for member in deployment.members.select_related(
         "node"
     ):  # they rejoin the new head once it reports its port

@@ -15,6 +15,7 @@ urlpatterns = [
     path("deployments/<str:pk>/", views.deployment_page, name="deployment"),
     path("deployments/<str:pk>/<str:action>/", views.deployment_action, name="deployment-action"),
     path("calibration/", views.calibration_page, name="calibration"),
+    path("demo/mails/", views.demo_mails, name="demo-mails"),
     path("alerts/", alert_views.alerts_page, name="alerts"),
     path("alerts/banner/", alert_views.alert_banner, name="alert-banner"),
     path("alerts/settings/", alert_views.alert_settings, name="alert-settings"),

@@ -1,14 +1,16 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from dashboard import calibration, deploy, fleet, read, roles, tasks
+from dashboard import calibration, deploy, fleet, mailsink, read, roles, tasks
 from dashboard.browser_json import json_response
 from dashboard.forms import DeployForm
 from dashboard.models import Deployment, Node, PlanRequest
@@ -29,6 +31,8 @@ def node_page(request: HttpRequest, name: str) -> HttpResponse:
         "grid": fleet.topology_grid(node),
         "history": fleet.gpu_history(node, minutes=15),
         "legend": fleet.link_legend(),
+        "gpu_use": read.node_gpus(node),
+        "deployments": read.node_deployments(node),
     }
     return render(request, "dashboard/node.html", context)
 
@@ -101,6 +105,11 @@ def deployment_page(request: HttpRequest, pk: str) -> HttpResponse:
         "probes_per_hour": deployment.probes_per_hour(),
         "gpu_history": fleet.gpu_history(deployment.node, minutes=15, indices=deployment.launch.get("gpus")),
         "measurement": calibration.measure(deployment),
+        "gpu_names": {g.pk: f"GPU{g.index}" for g in deployment.node.gpus.all()},
+        "access": read.server_access(deployment),
+        "measurements": deployment.load_tests.all()[:20],
+        "faults": deploy.fault_choices(deployment) if deployment.launch.get("backend") == "simulated" else [],
+        "injected": deploy.injected_fault(deployment),
     }
     return render(request, "dashboard/deployment.html", context)
 
@@ -122,9 +131,46 @@ def deployment_action(request: HttpRequest, pk: str, action: str) -> HttpRespons
         tasks.send_canary.delay(deployment.pk)
         messages.info(request, f"canary probes turned {action[7:]} for {deployment.name}")
         return redirect(deployment)
+    if action == "discard":
+        return discard_deployment(request, deployment)
+    if action == "inject":
+        return inject_fault(request, deployment)
     task = {"stop": tasks.stop_deployment, "restart": tasks.restart_deployment}.get(action)
     if task is None:
         raise Http404(f"unknown action {action}")
     task.delay(deployment.pk)
     messages.info(request, f"{action} sent to {deployment.node.name}")
     return redirect(deployment)
+
+
+def discard_deployment(request: HttpRequest, deployment: Deployment) -> HttpResponse:
+    try:
+        deploy.discard_planned(deployment.pk, f"discarded by {request.user.get_username()}: never launched")
+    except deploy.NotPlanned as exc:
+        messages.error(request, str(exc))
+        return redirect(deployment)
+    tasks.announce_deployment_change(deployment.pk)
+    messages.info(request, f"{deployment.name} discarded")
+    return redirect("fleet")
+
+
+def inject_fault(request: HttpRequest, deployment: Deployment) -> HttpResponse:
+    """Checked here (a bad fault is refused with the reason, nothing changes); the restart task applies it."""
+    fault, by = request.POST.get("fault", ""), request.user.get_username()
+    try:
+        deploy.check_fault(deployment, fault)
+    except deploy.DeployError as exc:
+        messages.error(request, str(exc))
+        return redirect(deployment)
+    tasks.restart_deployment.delay(deployment.pk, fault, by)
+    messages.info(request, f"{fault} injected: {deployment.node.name} restarts the simulated server with it")
+    return redirect(deployment)
+
+
+@login_required
+def demo_mails(request: HttpRequest) -> HttpResponse:
+    """The mails the demo's SMTP sink received (alert mail), newest first; only where runstack runs the sink."""
+    if not settings.DEMO_MAIL_DIR:
+        raise Http404("this page exists only in the demo, where runstack runs a local SMTP sink")
+    mails = mailsink.kept_mails(Path(settings.DEMO_MAIL_DIR))
+    return render(request, "dashboard/demo_mails.html", {"mails": mails, "directory": settings.DEMO_MAIL_DIR})

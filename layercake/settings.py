@@ -217,6 +217,8 @@ LAUNCH_RESEND_AFTER_S = envfloat("LAUNCH_RESEND_AFTER_S", "30")
 # A plan request still "planning" after this many seconds lost its worker (planning takes about a second):
 # dashboard.tasks.sweep_stale_plans queues it once more, then fails it with the reason.
 PLAN_STALE_AFTER_S = envfloat("PLAN_STALE_AFTER_S", "120")
+# A deployment still "planned" this long after it was created was never launched: it leaves the fleet page.
+PLANNED_EXPIRE_AFTER_S = envfloat("PLANNED_EXPIRE_AFTER_S", "3600")
 # The only directories whose config.json / GGUF files the server reads when a model path is typed in the deploy
 # form (symlinks are followed before the check), like the agent's --model-dir; os.pathsep-separated, empty: none.
 MODEL_DIRS = [Path(d) for d in os.environ.get("MODEL_DIRS", str(VAR_DIR / "models")).split(os.pathsep) if d]
@@ -288,6 +290,8 @@ EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.smtp.
 EMAIL_HOST = os.environ.get("EMAIL_HOST", "127.0.0.1")
 EMAIL_PORT = int(envfloat("EMAIL_PORT", "25"))
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "layercake@localhost")
+# The demo's SMTP sink keeps mails here (runstack sets it); /demo/mails/ lists them. Unset: no such page.
+DEMO_MAIL_DIR = os.environ.get("DEMO_MAIL_DIR", "")
 # Alert mails: at most ALERT_MAIL_LIMIT per operator channel within ALERT_MAIL_WINDOW_S; the rest are
 # recorded as skipped and summarised in the next mail.
 ALERT_MAIL_LIMIT = int(envfloat("ALERT_MAIL_LIMIT", "10"))
@@ -355,4 +359,5 @@ CELERY_BEAT_SCHEDULE = {
     "resend-lost-launches": {"task": "dashboard.tasks.resend_lost_launches", "schedule": 10.0},
     "sweep-stale-plans": {"task": "dashboard.tasks.sweep_stale_plans", "schedule": 30.0},
     "measure-deployments": {"task": "dashboard.tasks.measure_deployments", "schedule": 30.0},
+    "expire-planned-deployments": {"task": "dashboard.tasks.expire_planned_deployments", "schedule": 60.0},
 }

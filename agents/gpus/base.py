@@ -45,8 +45,11 @@ class LoadAware(ABC):
     """
 
     @abstractmethod
-    def set_load(self, index: int, util: float | None = None, mem_used_mib: float | None = None) -> None:
-        """Pin a GPU's utilization and/or memory used (None leaves that one as it is)."""
+    def set_load(
+        self, index: int, util: float | None = None, mem_used_mib: float | None = None, pid: int | None = None
+    ) -> None:
+        """Pin a GPU's utilization and/or memory used (None leaves that one as it is); `pid`: the server
+        process that holds the memory (NVML would list it)."""
 
     @abstractmethod
     def clear_load(self, index: int) -> None:

@@ -263,9 +263,14 @@ class SimSource(GpuSource, LoadAware):
     def sample(self) -> list[GpuReading]:
         return [gpu.sample() for gpu in self._gpus]
 
-    def set_load(self, index: int, util: float | None = None, mem_used_mib: float | None = None) -> None:
-        """Pin a GPU's utilization and/or memory used (None leaves that one as it is)."""
+    def set_load(
+        self, index: int, util: float | None = None, mem_used_mib: float | None = None, pid: int | None = None
+    ) -> None:
+        """Pin a GPU's utilization and/or memory used (None leaves that one as it is); the pinned memory is
+        listed as held by `pid` (the inference server) when given."""
         self._gpu(index).pin(util, mem_used_mib)
+        if pid is not None:
+            self._gpu(index).server_pid = pid
 
     def clear_load(self, index: int) -> None:
         """Hand a pinned GPU back to the random walk."""
@@ -324,6 +329,7 @@ class SimulatedGpu:
         self.pid = rng.randint(1000, 4_000_000)
         self.pinned_util: float | None = None
         self.pinned_mem: float | None = None
+        self.server_pid: int | None = None  # the pid NVML lists for pinned memory (an inference server's)
         self.xids: deque[int] = deque()
         self.ecc_corrected = self.ecc_uncorrected = 0  # volatile counts since the (simulated) driver loaded
 
@@ -351,7 +357,7 @@ class SimulatedGpu:
             self.pinned_mem = self.mem_used = float(mem_used_mib)
 
     def unpin(self) -> None:
-        self.pinned_util = self.pinned_mem = None
+        self.pinned_util = self.pinned_mem = self.server_pid = None
 
     def sample(self) -> GpuReading:
         util, mem_used = self._step_util(), self._step_memory()
@@ -425,7 +431,8 @@ class SimulatedGpu:
     def _processes(self, mem_used: float) -> list[GpuProcess]:
         if mem_used < PROCESS_MIN_MIB:
             return []
-        return [GpuProcess(pid=self.pid, name="python3", used_mib=round(mem_used - IDLE_MEMORY_MIB))]
+        pid = self.server_pid if self.pinned_mem is not None and self.server_pid else self.pid
+        return [GpuProcess(pid=pid, name="python3", used_mib=round(mem_used - IDLE_MEMORY_MIB))]
 
 
 def _single_node(numa_affinity: str | None) -> int | None:

@@ -7,7 +7,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('dashboard', '0009_api_apitoken'),
-        ('dashboard', '0011_merge_20261201_1459'),
+        ('dashboard', '0011_merge_planner1'),
     ]
 
     operations = [

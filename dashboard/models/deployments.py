@@ -410,3 +410,50 @@ class CanaryProbe(models.Model):
 
     def __str__(self) -> str:
         return f"{self.deployment_id} probe {'ok' if self.ok else 'failed'} @ {self.t:%H:%M:%S}"
+
+
+class DeploymentLoadTest(models.Model):
+    """A short load test run through the agent ("Measure" on the deployment page): what the server did at a
+    concurrency the operator picked, next to what the planner predicted for the plan it runs."""
+
+    RUNNING, DONE, FAILED = "running", "done", "failed"
+    STATUSES = [(RUNNING, "Running"), (DONE, "Done"), (FAILED, "Failed")]
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="load_tests")
+    request = models.CharField(max_length=32, unique=True, help_text="the ask's request id")
+    created = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
+    status = models.CharField(max_length=10, choices=STATUSES, default=RUNNING)
+    error = models.TextField(blank=True)
+    streams = models.PositiveSmallIntegerField(help_text="concurrent requests")
+    max_tokens = models.PositiveIntegerField()
+    backend = models.CharField(max_length=20, help_text="the backend that ran (the launch's)")
+    predicted_tok_s = models.FloatField(
+        null=True, help_text="the plan's predicted decode tokens/s per stream"
+    )
+    completed = models.PositiveSmallIntegerField(null=True)
+    tokens = models.PositiveIntegerField(null=True)
+    seconds = models.FloatField(null=True)
+    tok_s_per_stream = models.FloatField(null=True, help_text="mean decode tokens/s of one stream")
+    tok_s_total = models.FloatField(null=True, help_text="decode tokens/s of all streams together")
+    ttft_s = models.FloatField(null=True, help_text="mean time to first token")
+    itl_s = models.FloatField(null=True, help_text="mean inter-token latency")
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id} x{self.streams} @ {self.created:%H:%M:%S}"
+
+    def record(self, result: protocol.Measurement, error: str) -> None:
+        """The agent's result: done when at least one stream produced tokens, failed (with why) otherwise."""
+        for name in ("completed", "tokens", "seconds", "tok_s_per_stream", "tok_s_total", "ttft_s", "itl_s"):
+            setattr(self, name, getattr(result, name))
+        self.status = self.DONE if result.completed else self.FAILED
+        self.error = error
+        self.save()
+
+    def ratio_to_prediction(self) -> float | None:
+        if not self.predicted_tok_s or self.tok_s_per_stream is None:
+            return None
+        return self.tok_s_per_stream / self.predicted_tok_s

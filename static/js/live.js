@@ -2,7 +2,8 @@
 "use strict";
 // `var` and the guard: base.html loads this on every page and some pages load it again; one socket.
 var Live = window.Live || (() => {
-  const handlers = { update: [], node: [], plan: [], alert: [], open: [] };
+  const handlers = { update: [], node: [], plan: [], alert: [], open: [], ask: [] };
+  let socket = null;
   const lastSeen = new Map(); // node id -> browser clock ms of its last update
   const STALE_INTERVALS = 3;
   let retry = 500;
@@ -17,6 +18,7 @@ var Live = window.Live || (() => {
   function connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const ws = new WebSocket(`${scheme}://${location.host}/ws/fleet/`);
+    socket = ws;
     ws.onopen = () => { retry = 500; opens += 1; isOpen = true; setStatus("live", true); handlers.open.forEach((h) => h(opens)); };
     ws.onclose = () => {
       isOpen = false;
@@ -39,6 +41,8 @@ var Live = window.Live || (() => {
       handlers.plan.forEach((h) => h(msg));
     } else if (msg.type === "fleet.alert") {
       handlers.alert.forEach((h) => h(msg));
+    } else if (["fleet.asked", "fleet.answer", "fleet.refused"].includes(msg.type)) {
+      handlers.ask.forEach((h) => h(msg));
     }
   }
 
@@ -71,6 +75,9 @@ var Live = window.Live || (() => {
     onNode: (h) => handlers.node.push(h),
     onPlan: (h) => handlers.plan.push(h),
     onAlert: (h) => handlers.alert.push(h),
+    // Asks to a deployment's server ("Try it", "Measure"): sent on this socket, answered on it.
+    onAsk: (h) => handlers.ask.push(h),
+    send: (msg) => { if (!isOpen) return false; socket.send(JSON.stringify(msg)); return true; },
     // A page script registered after the socket opened is told at once, or it would miss that open.
     onOpen: (h) => { handlers.open.push(h); if (isOpen) h(opens); },
     // A GPU point by name: the server sends each point's values as a list and their names once per message

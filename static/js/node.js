@@ -80,3 +80,14 @@ Live.onOpen(async (opens) => {
   }
   window.layercakeBackfilled = (window.layercakeBackfilled || 0) + Object.values(missed.gpus).flat().length;
 });
+
+// The deployments on this node: state and tokens/s as the live ticks report them.
+Live.onUpdate((msg) => {
+  for (const d of msg.deployments || []) {
+    const row = document.querySelector(`#node-deployments tr[data-deployment="${d.id}"]`);
+    if (!row) continue;
+    const badge = row.querySelector(".state");
+    badge.textContent = d.label; badge.className = "state state-" + d.state;
+    row.querySelector(".tok").textContent = d.tokens_per_s === null ? "–" : Number(d.tokens_per_s).toFixed(1);
+  }
+});

@@ -94,11 +94,13 @@ def test_it_gives_every_message_one_envelope_and_every_acknowledged_one_a_sequen
         protocol.DeploymentStatus,
         protocol.Metrics,
         protocol.Probe,
+        protocol.Answer,
     )
-    commands = (protocol.Launch, protocol.Stop, protocol.Restart, protocol.Canary)
+    commands = (protocol.Launch, protocol.Stop, protocol.Restart, protocol.Canary, protocol.Ask)
     assert all(issubclass(m, protocol.Envelope) for m in (*agent_messages, *commands))
     assert [m.model_fields["type"].annotation.__args__[0] for m in commands] == list(protocol.COMMAND_TYPES)
     assert [m.model_fields["type"].annotation.__args__[0] for m in agent_messages] == list(
         protocol.AGENT_TYPES
     )
-    assert [m for m in agent_messages if not issubclass(m, protocol.Sequenced)] == [protocol.Hello]
+    unsequenced = [protocol.Hello, protocol.Answer]  # an answer to an ask is not replayed
+    assert [m for m in agent_messages if not issubclass(m, protocol.Sequenced)] == unsequenced

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import smtplib
 import socket
 import sqlite3
 import stat
@@ -132,6 +133,24 @@ def test_it_runs_the_stack_with_an_embedded_redis_and_a_demo_fleet(demo):
     assert "Qwen3-VL-32B-Instruct" in page  # the demo deployment, listed with its state
     # Every part was up before it said so: the worker answered a ping and beat had sent a task.
     assert "Sending due task" in (demo.var / "log" / "celery-beat.log").read_text()
+
+
+def test_it_runs_an_smtp_sink_for_the_demo_and_lists_what_it_received(demo):
+    demo.wait_for(r"demo mail: alert mails to admin@localhost are listed at /demo/mails/")
+    port = sink_port(demo)
+    message = "Subject: [layercake] sink check\r\nTo: admin@localhost\r\n\r\nkept for the demo page\r\n"
+    with smtplib.SMTP("127.0.0.1", port, timeout=10) as smtp:
+        smtp.sendmail("layercake@localhost", ["admin@localhost"], message)
+    creds = demo.wait_for(r"log in as (\S+) / (\S+)")
+    with httpx.Client(base_url=f"http://127.0.0.1:{demo.port}") as client:
+        login(client, creds[1], creds[2])
+        page = client.get("/demo/mails/").text
+    assert "[layercake] sink check" in page and "kept for the demo page" in page
+
+
+def sink_port(demo) -> int:
+    command = demo.children()[demo.child("dashboard.mailsink")].split()
+    return int(command[command.index("--port") + 1])
 
 
 def mode(path: Path) -> int:

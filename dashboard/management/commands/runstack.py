@@ -40,6 +40,7 @@ DEMO_FLEET = [
 ]
 # Logs may be read by the operator's group; nothing the stack writes is readable by other users.
 STACK_UMASK = 0o027
+DEMO_ADMIN_EMAIL = "admin@localhost"  # the demo admin's alert mail goes to the local sink
 BEAT_SETTLE_S = 20.0
 
 
@@ -53,11 +54,16 @@ class StackContext:
     env: dict[str, str] = field(default_factory=dict)  # for every child: REDIS_URL of the embedded Redis
     redis_port: int | None = None  # set when the stack runs its own Redis
     redis_config: Path | None = None
+    mail_port: int | None = None  # set when the demo runs its own SMTP sink (dashboard.mailsink)
     started: datetime = field(default_factory=timezone.now)
 
     @property
     def redis_url(self) -> str:
         return self.env.get("REDIS_URL") or os.environ["REDIS_URL"]
+
+
+def mail_sink_answers(context: StackContext, service: stack.Service) -> bool:
+    return stack.port_answers(context.mail_port)
 
 
 def login_page_answers(context: StackContext, service: stack.Service) -> bool:
@@ -96,6 +102,13 @@ SERVER_COMPONENTS = [
         when=lambda c: c.redis_port is not None,
     ),
     Component(
+        "smtp-sink",
+        lambda c: stack.mail_sink_service(c.mail_port, Path(c.env["DEMO_MAIL_DIR"]), c.log_dir),
+        mail_sink_answers,
+        blocking=True,
+        when=lambda c: c.mail_port is not None,
+    ),
+    Component(
         "asgi", lambda c: stack.asgi_service(c.port, c.env, c.log_dir), login_page_answers, blocking=True
     ),
     Component("celery-worker", lambda c: stack.celery_worker_service(c.env, c.log_dir), worker_answers),
@@ -117,7 +130,7 @@ class Command(BaseCommand):
         # `kill`, systemd and `timeout` send SIGTERM: stop the stack as Ctrl-C does, not leave it orphaned.
         signal.signal(signal.SIGTERM, stop_like_ctrl_c)
         os.umask(STACK_UMASK)
-        context = self.prepare(port)
+        context = self.prepare(port, demo_mail=not no_demo and not os.environ.get("EMAIL_HOST"))
         keeper = Keeper(context, self.say)
         try:
             self.start(keeper, context, no_demo)
@@ -130,7 +143,7 @@ class Command(BaseCommand):
             keeper.stop_all()
             stop_demo_servers(context.var_dir)
 
-    def prepare(self, port: int) -> StackContext:
+    def prepare(self, port: int, demo_mail: bool = False) -> StackContext:
         var_dir, log_dir = settings.VAR_DIR, settings.VAR_DIR / "log"
         log_dir.mkdir(parents=True, exist_ok=True)
         call_command("migrate", verbosity=0)
@@ -143,6 +156,10 @@ class Command(BaseCommand):
             context.env["REDIS_URL"] = f"redis://:{password}@127.0.0.1:{context.redis_port}/0"
             # For tools beside the stack (`celery inspect`, scripts/smoke_run.py): the embedded Redis moves each run.
             write_private(var_dir / "redis-url.txt", context.env["REDIS_URL"] + "\n")
+        if demo_mail:  # alert mail goes to a local sink; /demo/mails/ lists what it received
+            context.mail_port = stack.free_port()
+            mail = {"EMAIL_HOST": "127.0.0.1", "EMAIL_PORT": str(context.mail_port)}
+            context.env.update({**mail, "DEMO_MAIL_DIR": str(var_dir / "mail")})
         return context
 
     def start(self, keeper: Keeper, context: StackContext, no_demo: bool) -> None:
@@ -157,6 +174,9 @@ class Command(BaseCommand):
         keeper.check_all_alive()
         protect_files(context.var_dir, sqlite_path())  # the files the children created since
         username, password = ensure_admin(context.var_dir / "admin-login.txt")
+        if context.mail_port is not None:
+            get_user_model().objects.filter(username=username, email="").update(email=DEMO_ADMIN_EMAIL)
+            self.say(f"demo mail: alert mails to {DEMO_ADMIN_EMAIL} are listed at /demo/mails/")
         self.stdout.write(self.style.SUCCESS(f"\nlayercake is running: http://127.0.0.1:{context.port}/"))
         # Not through say(): the password stays out of the logs.
         self.stdout.write(

@@ -7,7 +7,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('dashboard', '0009_planner1_nodemodel'),
-        ('dashboard', '0010_merge_20261201_1457'),
+        ('dashboard', '0010_merge_hang'),
     ]
 
     operations = [
