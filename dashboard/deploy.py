@@ -485,6 +485,7 @@ FAULT_LABELS = {
     "nccl-init-hang": "NCCL-init hang (the restarted server hangs setting up NCCL)",
     "stall": "stall with requests in flight (the engine stops stepping; send a prompt with Try it)",
     "crash": "crash (the server dies a few seconds after it is ready)",
+    "idle-hang": "hang while idle (/health answers, completions never do: the canary probe finds it)",
 }
 
 

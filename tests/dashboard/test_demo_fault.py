@@ -23,8 +23,8 @@ def simulated(settings):
 
 def test_it_lists_the_simulated_backends_faults_and_says_which_need_tensor_parallelism(simulated):
     choices = {fault: refusal for fault, _, refusal in deploy.fault_choices(simulated)}
-    assert set(choices) == {"nccl-init-hang", "stall", "crash"}
-    assert choices["stall"] == choices["crash"] == ""
+    assert set(choices) == {"nccl-init-hang", "stall", "crash", "idle-hang"}
+    assert choices["stall"] == choices["crash"] == choices["idle-hang"] == ""
     assert "needs tensor parallelism" in choices["nccl-init-hang"]
 
 
@@ -46,7 +46,10 @@ def test_it_refuses_a_bad_fault_naming_it_and_changes_nothing(client, alice, sim
     page = client.get(simulated.get_absolute_url()).content.decode()
     assert 'id="inject-form"' in page and 'value="stall"' in page
     response = client.post(f"/deployments/{simulated.pk}/inject/", {"fault": "melt"}, follow=True)
-    assert "unknown fault &#x27;melt&#x27;: one of nccl-init-hang, stall, crash" in response.content.decode()
+    assert (
+        "unknown fault &#x27;melt&#x27;: one of nccl-init-hang, stall, crash, idle-hang"
+        in response.content.decode()
+    )
     response = client.post(f"/deployments/{simulated.pk}/inject/", {"fault": "nccl-init-hang"}, follow=True)
     assert "cannot inject nccl-init-hang: needs tensor parallelism" in response.content.decode()
     Deployment.objects.filter(pk=simulated.pk).update(launch={**simulated.launch, "backend": "vllm"})
