@@ -6,6 +6,7 @@ hand them to `enqueue` (see dashboard/jobs.py for why).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from datetime import timedelta
@@ -18,22 +19,23 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 from agents import protocol
-from dashboard import alerts, deploy, detect
+from dashboard import alerts, deploy, detect, storage
 from dashboard.choices import DeploymentState, DesiredState, NodeStatus
 from dashboard.jobs import DeliverNotifications, Job, LaunchMembers, StopProcesses
 from dashboard.live import agent_group, announce_deployment, announce_node, announce_plan
-from dashboard.models import Deployment, GpuSample, LogChunk, Node
+from dashboard.models import Deployment, LogChunk, Node
 
 log = logging.getLogger(__name__)
 
 
 @shared_task(ignore_result=False)
-def prune_old_samples() -> int:
-    """Delete samples and log chunks older than SAMPLE_RETENTION_HOURS; return how many rows went."""
-    cutoff = timezone.now() - timedelta(hours=settings.SAMPLE_RETENTION_HOURS)
-    samples, _ = GpuSample.objects.filter(t__lt=cutoff).delete()
-    logs, _ = LogChunk.objects.filter(t__lt=cutoff).delete()
-    return samples + logs
+def maintain_storage() -> dict[str, int]:
+    """Roll raw samples up into the minute and hour tiers and apply each tier's retention (dashboard/storage.py);
+    log chunks older than LOG_RETENTION_HOURS go too. Returns the counts."""
+    now = timezone.now()
+    run = storage.maintain(now)
+    logs, _ = LogChunk.objects.filter(t__lt=now - timedelta(hours=settings.LOG_RETENTION_HOURS)).delete()
+    return {**dataclasses.asdict(run), "deleted_logs": logs}
 
 
 @shared_task(ignore_result=False)

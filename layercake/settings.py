@@ -229,7 +229,12 @@ CELERY_TIMEZONE = "UTC"
 # STALE_AFTER_INTERVALS intervals means the node is shown stale.
 AGENT_INTERVAL = envfloat("AGENT_INTERVAL", "1")
 STALE_AFTER_INTERVALS = envfloat("STALE_AFTER_INTERVALS", "3")
-SAMPLE_RETENTION_HOURS = envfloat("SAMPLE_RETENTION_HOURS", "24")
+# Tiered storage (dashboard/storage.py): raw samples this many hours, then min/avg/max per minute and per hour.
+SAMPLE_RETENTION_HOURS = envfloat("SAMPLE_RETENTION_HOURS", "1")
+MINUTE_RETENTION_DAYS = envfloat("MINUTE_RETENTION_DAYS", "7")
+HOUR_RETENTION_DAYS = envfloat("HOUR_RETENTION_DAYS", "90")
+LOG_RETENTION_HOURS = envfloat("LOG_RETENTION_HOURS", "24")
+STORAGE_EVERY_S = envfloat("STORAGE_EVERY_S", "30")
 INGEST_FLUSH_SECONDS = envfloat("INGEST_FLUSH_SECONDS", "0.25")
 FANOUT_SECONDS = envfloat("FANOUT_SECONDS", "0.5")
 
@@ -315,7 +320,7 @@ CELERY_BEAT_SCHEDULE = {
         "task": "dashboard.tasks.announce_silent_nodes",
         "schedule": AGENT_INTERVAL * 2,
     },
-    "prune-old-samples": {"task": "dashboard.tasks.prune_old_samples", "schedule": 3600.0},
+    "maintain-storage": {"task": "dashboard.tasks.maintain_storage", "schedule": STORAGE_EVERY_S},
     # Catches retries that came due and deliveries whose queued task was lost.
     "deliver-notifications": {"task": "dashboard.tasks.deliver_notifications", "schedule": 30.0},
     "resend-lost-launches": {"task": "dashboard.tasks.resend_lost_launches", "schedule": 10.0},

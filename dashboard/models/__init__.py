@@ -8,7 +8,17 @@ from dashboard.models.deployments import (
     DeploymentMetric,
     PlanRequest,
 )
-from dashboard.models.fleet import AgentToken, Gpu, GpuSample, Link, LogChunk, Node
+from dashboard.models.fleet import (
+    AgentToken,
+    Gpu,
+    GpuHour,
+    GpuMinute,
+    GpuSample,
+    Link,
+    LogChunk,
+    Node,
+    RollupRun,
+)
 
 __all__ = [
     "AgentToken",
@@ -20,10 +30,13 @@ __all__ = [
     "DeploymentMember",
     "DeploymentMetric",
     "Gpu",
+    "GpuHour",
+    "GpuMinute",
     "GpuSample",
     "Link",
     "LogChunk",
     "Node",
     "Notification",
     "PlanRequest",
+    "RollupRun",
 ]
