@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, models, transaction
+from django.db import connection, transaction
 from django.db.models import Max
 
 from dashboard.models import Gpu, GpuHour, GpuMinute, GpuSample, RollupRun
-from dashboard.models.fleet import ROLLUP_METRICS
+from dashboard.models.fleet import ROLLUP_METRICS, GpuRollup
 
 ROLL_CHUNK_IDS = 500_000  # raw ids folded per transaction: a backlog after downtime goes in bounded steps
 DELETE_BATCH = 20_000  # raw rows deleted per transaction
@@ -64,12 +64,12 @@ def roll_up(now: datetime) -> int:
     return end - start
 
 
-def _fold(tier: type[models.Model], low: int, high: int) -> None:
+def _fold(tier: type[GpuRollup], low: int, high: int) -> None:
     with connection.cursor() as cursor:
         cursor.execute(_fold_sql(tier), [low, high])
 
 
-def _fold_sql(tier: type[models.Model]) -> str:
+def _fold_sql(tier: type[GpuRollup]) -> str:
     """INSERT the raw rows' buckets, merging into a bucket already there (a late sample)."""
     q = connection.ops.quote_name
     table, raw = q(tier._meta.db_table), q(GpuSample._meta.db_table)
@@ -77,16 +77,10 @@ def _fold_sql(tier: type[models.Model]) -> str:
     select = ", ".join(f"{fn}({q(m)})" for m in ROLLUP_METRICS for fn in ("MIN", "AVG", "MAX"))
     return (
         f"INSERT INTO {table} (gpu_id, start, n, {', '.join(stats)}) "
-        f"SELECT gpu_id, {_bucket_sql(tier.SECONDS)} AS b, COUNT(*), {select} FROM {raw} "
+        f"SELECT gpu_id, {bucket_sql(tier.SECONDS)} AS b, COUNT(*), {select} FROM {raw} "
         f"WHERE id > %s AND id <= %s GROUP BY gpu_id, b "
         f"ON CONFLICT (gpu_id, start) DO UPDATE SET {_merge_sql(table)}"
     )
-
-
-def _bucket_sql(seconds: int) -> str:
-    if connection.vendor == "postgresql":
-        return f"(FLOOR(EXTRACT(EPOCH FROM t) / {seconds}) * {seconds})::integer"
-    return f"(CAST(strftime('%%s', t) AS INTEGER) / {seconds} * {seconds})"
 
 
 def _merge_sql(table: str) -> str:
@@ -99,6 +93,21 @@ def _merge_sql(table: str) -> str:
             f"{m}_avg = ({table}.{m}_avg * {table}.n + excluded.{m}_avg * excluded.n) / ({table}.n + excluded.n)"
         )
     return ", ".join([*merged, f"n = {table}.n + excluded.n"])
+
+
+def tier_for(minutes: float) -> type[GpuRollup] | None:
+    """The tier a chart of the last `minutes` reads: None for raw samples (within the raw window), the
+    minute tier up to a day (1,440 points), else the hour tier (a week: 168 points, 90 days: 2,160)."""
+    if minutes <= settings.SAMPLE_RETENTION_HOURS * 60:
+        return None
+    return GpuMinute if minutes <= 24 * 60 else GpuHour
+
+
+def bucket_sql(seconds: int, column: str = "t") -> str:
+    """SQL for the unix second at the start of the `seconds`-long bucket a time column falls in."""
+    if connection.vendor == "postgresql":
+        return f"(FLOOR(EXTRACT(EPOCH FROM {column}) / {seconds}) * {seconds})::integer"
+    return f"(CAST(strftime('%%s', {column}) AS INTEGER) / {seconds} * {seconds})"
 
 
 def prune_raw(cutoff: datetime) -> int:
@@ -118,7 +127,7 @@ def prune_raw(cutoff: datetime) -> int:
     return deleted
 
 
-def prune_tier(tier: type[models.Model], cutoff: datetime) -> int:
+def prune_tier(tier: type[GpuRollup], cutoff: datetime) -> int:
     """Delete a tier's buckets older than `cutoff`, GPU_BATCH GPUs per statement (their primary key range)."""
     gpu_ids = list(Gpu.objects.order_by("pk").values_list("pk", flat=True))
     deleted, before = 0, int(cutoff.timestamp())
