@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Avg, OuterRef, Subquery
+from django.db.models import Avg, F, OuterRef, Subquery
 from django.db.models.expressions import RawSQL
+from django.db.models.functions import Round
 from django.utils import timezone
 
 from dashboard import storage
@@ -43,6 +45,14 @@ def _point(sample: GpuSample | None) -> GpuPoint | None:
 # The charts' range buttons: name -> minutes. Each reads the tier that fits it (storage.tier_for).
 CHART_RANGES = {"15m": 15, "1h": 60, "6h": 360, "24h": 1440, "7d": 7 * 1440, "90d": 90 * 1440}
 GAP_STEPS = 3  # no point for this many steps (sampling intervals or buckets) is a gap, not a line
+CHART_POINTS = 360  # at most this many points per GPU from a tier: a chart is a few hundred pixels wide
+CHART_METRICS = ("util_gpu", "mem_used_mib", "temp_c", "power_w", "util_mem")  # in GpuPoint's order
+
+
+def chart_step(tier: type[GpuRollup], minutes: int) -> int:
+    """Seconds per chart point: the tier's bucket, or whole buckets enough to stay within CHART_POINTS."""
+    buckets = math.ceil(minutes * 60 / tier.SECONDS / CHART_POINTS)
+    return tier.SECONDS * max(1, buckets)
 
 
 def chart_minutes(name: str) -> int:
@@ -65,7 +75,8 @@ def gpu_history(
     if tier is None:
         history, step = _raw_history(list(gpus), since, after), node.interval_s or 1.0
     else:
-        history, step = _rollup_history(tier, list(gpus), since, after), tier.SECONDS
+        step = chart_step(tier, minutes)
+        history = _rollup_history(tier, list(gpus), since, after, step)
     gap_ms = GAP_STEPS * step * 1000
     return {
         "keys": TIMED_POINT_KEYS,
@@ -88,18 +99,23 @@ def _raw_history(gpus: list[Gpu], since: datetime, after: datetime | None) -> di
 
 
 def _rollup_history(
-    tier: type[GpuRollup], gpus: list[Gpu], since: datetime, after: datetime | None
+    tier: type[GpuRollup], gpus: list[Gpu], since: datetime, after: datetime | None, step: int
 ) -> dict[str, list[list]]:
-    """The buckets' averages; a bucket is drawn at its start."""
+    """The buckets' averages, merged in the database into `step`-second points; a point is drawn at its start."""
     first = int(max(since, after).timestamp()) if after else int(since.timestamp())
     totals = {gpu.pk: float(gpu.memory_total_mib) for gpu in gpus}
-    rows = tier.objects.filter(gpu_id__in=totals, start__gte=first).order_by("gpu_id", "start")
+    rows = (
+        tier.objects.filter(gpu_id__in=totals, start__gte=first)
+        .annotate(b=F("start") / step * step)
+        .values_list("gpu_id", "b")
+        .annotate(**{metric: Round(Avg(f"{metric}_avg"), 1) for metric in CHART_METRICS})
+        .order_by("gpu_id", "b")
+    )
     history: dict[str, list[list]] = {}
-    for gpu_id, start, util, mem, temp, power, util_mem in rows.values_list(
-        "gpu_id", "start", "util_gpu_avg", "mem_used_mib_avg", "temp_c_avg", "power_w_avg", "util_mem_avg"
-    ):
-        point = [round(v, 1) for v in (util, mem, totals[gpu_id], temp, power, util_mem)]
-        history.setdefault(str(gpu_id), []).append([start * 1000, *point])
+    for gpu_id, start, util, mem, temp, power, util_mem in rows:
+        history.setdefault(str(gpu_id), []).append(
+            [start * 1000, util, mem, totals[gpu_id], temp, power, util_mem]
+        )
     return history
 
 
@@ -179,7 +195,7 @@ def metric_history(deployment: Deployment, minutes: int) -> list[list[float | No
         ]
         return with_gaps(points, GAP_STEPS * (deployment.node.interval_s or 1.0) * 1000)
     buckets = (
-        rows.annotate(b=RawSQL(storage.bucket_sql(tier.SECONDS), ()))
+        rows.annotate(b=RawSQL(storage.bucket_sql(chart_step(tier, minutes)), ()))
         .values("b")
         .annotate(
             tok=Avg("generation_tokens_per_s"), run=Avg("requests_running"), wait=Avg("requests_waiting")
@@ -187,4 +203,4 @@ def metric_history(deployment: Deployment, minutes: int) -> list[list[float | No
         .order_by("b")
     )
     points = [[b["b"] * 1000, b["tok"], b["run"], b["wait"]] for b in buckets]
-    return with_gaps(points, GAP_STEPS * tier.SECONDS * 1000)
+    return with_gaps(points, GAP_STEPS * chart_step(tier, minutes) * 1000)

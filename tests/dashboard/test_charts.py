@@ -63,7 +63,7 @@ def test_it_draws_no_gap_between_consecutive_samples(node):
 
 
 @pytest.mark.parametrize(
-    ("range_name", "tier", "step"), [("15m", "raw", 1.0), ("24h", "minute", 60), ("7d", "hour", 3600)]
+    ("range_name", "tier", "step"), [("15m", "raw", 1.0), ("24h", "minute", 240), ("7d", "hour", 3600)]
 )
 def test_it_reads_the_tier_that_fits_the_range(node, range_name, tier, step):
     gpu = node.gpus.first()
@@ -106,3 +106,13 @@ def test_it_averages_deployment_metrics_per_bucket_past_the_raw_window(node):
     points = fleet.metric_history(deployment, minutes=fleet.chart_minutes("6h"))
     assert [p[1] for p in points] == [20.0, None, 5.0]
     assert storage.tier_for(360) is GpuMinute
+
+
+def test_it_merges_buckets_so_that_a_chart_has_at_most_360_points_per_gpu(node):
+    gpu = node.gpus.first()
+    for hours_ago in range(24 * 80):
+        add_bucket(GpuHour, gpu, hours_ago * 3600 + 60, hours_ago % 2)  # 0 and 1 by turns
+    history = fleet.gpu_history(node, minutes=fleet.chart_minutes("90d"))
+    points = history["gpus"][str(gpu.pk)]
+    assert history["step_s"] == 6 * 3600 and 300 < len(points) <= 360
+    assert sorted(p[1] for p in points)[len(points) // 2] == 0.5  # a 6 h point averages its six hours
