@@ -241,6 +241,9 @@ class FleetConsumer(AsyncWebsocketConsumer):
     async def fleet_node(self, event: dict) -> None:
         await self.send(browser_json.dumps(event))
 
+    async def fleet_nodes(self, event: dict) -> None:
+        await self.send(browser_json.dumps(event))
+
     async def fleet_plan(self, event: dict) -> None:
         await self.send(browser_json.dumps(event))
 

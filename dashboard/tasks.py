@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 from asgiref.sync import async_to_sync
@@ -22,32 +24,57 @@ from agents import protocol
 from dashboard import alerts, deploy, detect, storage
 from dashboard.choices import DeploymentState, DesiredState, NodeStatus
 from dashboard.jobs import DeliverNotifications, Job, LaunchMembers, StopProcesses
-from dashboard.live import agent_group, announce_deployment, announce_node, announce_plan
-from dashboard.models import Deployment, LogChunk, Node
+from dashboard.live import agent_group, announce_deployment, announce_nodes, announce_plan
+from dashboard.models import Deployment, LogChunk, TaskLease
 
 log = logging.getLogger(__name__)
 
 
+@contextmanager
+def single_run(name: str, seconds: float) -> Iterator[bool]:
+    """True for the one run of a periodic task that holds its lease (TaskLease) for up to `seconds`; a run
+    that finds the previous one still going gets False and skips, so that slow runs never pile up."""
+    until = TaskLease.claim(name, seconds)
+    if until is None:
+        log.info("%s: the previous run is still going; this one skips", name)
+    try:
+        yield until is not None
+    finally:
+        if until is not None:
+            TaskLease.release(name, until)
+
+
 @shared_task(ignore_result=False)
-def maintain_storage() -> dict[str, int]:
+def maintain_storage() -> dict[str, int] | None:
     """Roll raw samples up into the minute and hour tiers and apply each tier's retention (dashboard/storage.py);
-    log chunks older than LOG_RETENTION_HOURS go too. Returns the counts."""
-    now = timezone.now()
-    run = storage.maintain(now)
-    logs, _ = LogChunk.objects.filter(t__lt=now - timedelta(hours=settings.LOG_RETENTION_HOURS)).delete()
-    return {**dataclasses.asdict(run), "deleted_logs": logs}
+    log chunks older than LOG_RETENTION_HOURS go too. Returns the counts (None: skipped, the last still runs)."""
+    with single_run("maintain_storage", 3600) as mine:
+        if not mine:
+            return None
+        now = timezone.now()
+        run = storage.maintain(now)
+        logs, _ = LogChunk.objects.filter(t__lt=now - timedelta(hours=settings.LOG_RETENTION_HOURS)).delete()
+        return {**dataclasses.asdict(run), "deleted_logs": logs}
 
 
 @shared_task(ignore_result=False)
-def announce_silent_nodes() -> list[str]:
+def announce_silent_nodes() -> list[str] | None:
     """Tell browsers about nodes whose agents went silent, whether or not a page saw the socket close."""
-    now, silent = timezone.now(), []
-    for node in Node.objects.filter(last_seen__isnull=False):
-        status = node.status(now)
-        if status != NodeStatus.ONLINE and node.last_seen > now - node.stale_after() * 4:
-            async_to_sync(announce_node)(node.pk, node.name, status)
-            silent.append(node.name)
-    return silent
+    with single_run("announce_silent_nodes", settings.DETECT_LEASE_S) as mine:
+        if not mine:
+            return None
+        now = timezone.now()
+        silent = [
+            {
+                "node": node.pk,
+                "name": node.name,
+                "status": NodeStatus.STALE if node.connected else NodeStatus.OFFLINE,
+            }
+            for node in detect.nodes_seen()
+            if now - node.stale_after() * 4 < node.last_seen < now - node.stale_after()
+        ]
+        async_to_sync(announce_nodes)(silent)
+        return [n["name"] for n in silent]
 
 
 @shared_task(ignore_result=False, acks_late=True, autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
@@ -175,11 +202,15 @@ def send_to_node(node_id: int, frame: str) -> None:
 
 
 @shared_task(ignore_result=True)
-def evaluate_fleet() -> int:
-    """Open an alert for every problem found now; resolve the alerts whose problem is gone."""
-    problems, judged = detect.fleet_problems()
-    enqueue(alerts.sync(problems, judged))
-    return len(problems)
+def evaluate_fleet() -> int | None:
+    """Open an alert for every problem found now; resolve the alerts whose problem is gone. Returns how many
+    problems (None: skipped, the previous run is still going)."""
+    with single_run("evaluate_fleet", settings.DETECT_LEASE_S) as mine:
+        if not mine:
+            return None
+        problems, judged = detect.fleet_problems()
+        enqueue(alerts.sync(problems, judged))
+        return len(problems)
 
 
 @shared_task(ignore_result=False)

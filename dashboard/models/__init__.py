@@ -19,6 +19,7 @@ from dashboard.models.fleet import (
     Node,
     RollupRun,
 )
+from dashboard.models.leases import TaskLease
 
 __all__ = [
     "AgentToken",
@@ -39,4 +40,5 @@ __all__ = [
     "Notification",
     "PlanRequest",
     "RollupRun",
+    "TaskLease",
 ]

@@ -27,14 +27,20 @@ var Live = window.Live || (() => {
     ws.onmessage = (ev) => dispatch(JSON.parse(ev.data));
   }
 
+  function nodeStatus(msg) {
+    if (msg.status === "online") lastSeen.set(String(msg.node), Date.now());
+    markStatus(String(msg.node), msg.status);
+    handlers.node.forEach((h) => h(msg));
+  }
+
   function dispatch(msg) {
     if (msg.type === "fleet.update") {
       for (const n of msg.nodes) { lastSeen.set(String(n.node), Date.now()); markStatus(String(n.node), "online"); }
       handlers.update.forEach((h) => h(msg));
     } else if (msg.type === "fleet.node") {
-      if (msg.status === "online") lastSeen.set(String(msg.node), Date.now());
-      markStatus(String(msg.node), msg.status);
-      handlers.node.forEach((h) => h(msg));
+      nodeStatus(msg);
+    } else if (msg.type === "fleet.nodes") { // many at once (the silent-node sweep): one message, not one each
+      msg.nodes.forEach((n) => nodeStatus({ type: "fleet.node", ...n }));
     } else if (msg.type === "fleet.plan") {
       handlers.plan.forEach((h) => h(msg));
     } else if (msg.type === "fleet.alert") {

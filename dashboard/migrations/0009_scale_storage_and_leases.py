@@ -88,4 +88,15 @@ class Migration(migrations.Migration):
             name='gpu',
             field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='samples', to='dashboard.gpu'),
         ),
+        migrations.AddIndex(
+            model_name='gpusample',
+            index=models.Index(condition=models.Q(('xids', []), _negated=True), fields=['t'], name='sample_xid_time'),
+        ),
+        migrations.CreateModel(
+            name='TaskLease',
+            fields=[
+                ('name', models.CharField(max_length=100, primary_key=True, serialize=False)),
+                ('until', models.DateTimeField()),
+            ],
+        ),
     ]
