@@ -201,6 +201,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             report,
             sampled_at,
             on_failed=self.not_stored,
+            boot_id=self.node.boot_id,
         )
         ingest_buffer().add(pending)
 
