@@ -76,7 +76,9 @@ def test_it_never_moves_the_watermark_back(node):
 
 
 def test_it_leaves_a_new_agent_boots_watermark_to_it(node):
-    Node.objects.filter(pk=node.pk).update(boot_id="boot-0002", last_seq=2)  # the agent restarted, re-said hello
+    Node.objects.filter(pk=node.pk).update(
+        boot_id="boot-0002", last_seq=2
+    )  # the agent restarted, re-said hello
     ingest.store_batch([item(node, s, boot="boot-0001") for s in (41, 43)])  # the old boot's, late from A
     node.refresh_from_db()
     assert (node.boot_id, node.last_seq) == ("boot-0002", 2)
