@@ -81,6 +81,9 @@ def time_plan(model_ref: str, nodes: int, pattern: str, repeat: int) -> tuple[fl
 
 
 def main() -> int:
+    from bench.cleanup import exit_on_sigterm
+
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="Llama-3.1-70B-Instruct")
     parser.add_argument("--repeat", type=int, default=3)

@@ -233,6 +233,9 @@ def run(gpus: int) -> dict:
 
 
 def main() -> None:
+    from bench.cleanup import exit_on_sigterm
+
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", type=int, default=800)
     parser.add_argument("--json", action="store_true", help="print one JSON line")
