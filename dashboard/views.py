@@ -8,7 +8,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from dashboard import deploy, fleet, read, roles, tasks
+from dashboard import deploy, fleet, fleet_view, read, roles, tasks
 from dashboard.browser_json import json_response
 from dashboard.forms import DeployForm
 from dashboard.models import Deployment, Node, PlanRequest
@@ -16,7 +16,14 @@ from dashboard.models import Deployment, Node, PlanRequest
 
 @login_required
 def fleet_page(request: HttpRequest) -> HttpResponse:
-    context = {"nodes": fleet.fleet_overview(), "deployments": fleet.active_deployments()}
+    try:
+        chosen = fleet_view.FleetFilter.from_query(request.GET)
+    except ValueError as exc:
+        return HttpResponse(str(exc), status=400, content_type="text/plain; charset=utf-8")
+    context = {**fleet_view.fleet_page_context(chosen), "deployments": fleet.active_deployments()}
+    page, pages = context["page"], context["pages"]
+    context["prev_query"] = fleet_view.page_query(request.GET, page - 1) if page > 1 else ""
+    context["next_query"] = fleet_view.page_query(request.GET, page + 1) if page < pages else ""
     return render(request, "dashboard/fleet.html", context)
 
 
