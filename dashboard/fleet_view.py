@@ -14,15 +14,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from dashboard.choices import AlertStatus, DeploymentState, NodeStatus
-from dashboard.fleet import GpuRow, latest_samples
+from dashboard.fleet import GpuRow
 from dashboard.live import GpuPoint, gpu_point
-from dashboard.models import Alert, Deployment, Gpu, Node
+from dashboard.models import Alert, Deployment, Gpu, GpuSample, Node
 
 PAGE_SIZE = 50
 BUSY_UTIL = 10.0  # % utilization from which a GPU counts as busy
@@ -128,12 +128,11 @@ def fleet_page_context(chosen: FleetFilter, now: datetime | None = None) -> dict
 
 def fleet_entries(now: datetime) -> list[NodeEntry]:
     nodes = list(Node.objects.order_by("name").defer("topology"))
-    gpus = list(Gpu.objects.order_by("node_id", "index"))
-    latest = latest_samples(gpus)
+    gpus = Gpu.objects.order_by("node_id", "index")
+    latest = latest_points()
     entries = {n.pk: NodeEntry(n, _status(n, now)) for n in nodes}
-    for gpu in gpus:
-        sample = latest.get(gpu.pk)
-        entries[gpu.node_id].rows.append(GpuRow(gpu, gpu_point(sample) if sample else None))
+    for gpu in gpus.values_list("pk", "node_id", "index", "name", "memory_total_mib", named=True):
+        entries[gpu.node_id].rows.append(GpuRow(gpu, latest.get(gpu.pk)))
     for node_id in _deployed_nodes():
         if node_id in entries:
             entries[node_id].deployed = True
@@ -141,6 +140,15 @@ def fleet_entries(now: datetime) -> list[NodeEntry]:
         if node_id in entries:
             entries[node_id].alerting = True
     return list(entries.values())
+
+
+def latest_points() -> dict[int, GpuPoint]:
+    """Every GPU's newest sample as a point: one index seek per GPU (the unique (gpu, t) index), read as rows."""
+    newest = GpuSample.objects.filter(gpu=OuterRef("pk")).order_by("-t").values("pk")[:1]
+    ids = Gpu.objects.annotate(last=Subquery(newest)).values("last")
+    columns = ("gpu_id", "util_gpu", "mem_used_mib", "mem_free_mib", "temp_c", "power_w", "util_mem")
+    rows = GpuSample.objects.filter(pk__in=ids).values_list(*columns, named=True)
+    return {row.gpu_id: gpu_point(row) for row in rows}
 
 
 def _status(node: Node, now: datetime) -> str:
