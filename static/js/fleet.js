@@ -17,9 +17,12 @@ function showDeployment(d) {
   row.querySelector(".running").textContent = d.running === null ? "–" : d.running;
 }
 
-function showCell(cell, p) {
-  cell.className = `u${Math.min(10, Math.max(0, Math.round((p.util || 0) / 10)))}`;
-  cell.dataset.v = [p.util, p.mem_used, p.mem_total].map((v) => fmt(v, 0)).join(",");
+const values = new Map(); // GPU id -> [util, used, total] as last shown: the hover reads it
+
+function showCell(cell, util, used, total) {
+  const bucket = `u${Math.min(10, Math.max(0, Math.round((util || 0) / 10)))}`;
+  if (cell.className !== bucket) cell.className = bucket; // a write only when the colour changes
+  values.set(cell.dataset.g, [util, used, total]);
 }
 
 // Hover: the cell's values, written when asked for (8,000 titles in the HTML would double the page).
@@ -28,8 +31,8 @@ if (heatmap) heatmap.addEventListener("mouseover", (ev) => {
   if (!cell) return;
   const node = cell.parentElement.title;
   const index = [...cell.parentElement.children].indexOf(cell);
-  const [util, used, total] = (cell.dataset.v || "").split(",");
-  cell.title = cell.dataset.v ? `${node} GPU${index}: ${util} %, ${used} / ${total} MiB` : `${node} GPU${index}: no sample`;
+  const [util, used, total] = values.get(cell.dataset.g) || (cell.dataset.v || "").split(",").filter(Boolean);
+  cell.title = util === undefined ? `${node} GPU${index}: no sample` : `${node} GPU${index}: ${fmt(util, 0)} %, ${fmt(used, 0)} / ${fmt(total, 0)} MiB`;
 });
 
 function showRow(row, p) {
@@ -42,14 +45,13 @@ function showRow(row, p) {
 
 Live.onUpdate((msg) => {
   (msg.deployments || []).forEach(showDeployment);
+  const [u, m, t] = ["util", "mem_used", "mem_total"].map((key) => msg.keys.indexOf(key));
   for (const node of msg.nodes) {
-    for (const [gpuId, values] of Object.entries(node.gpus)) {
+    for (const [gpuId, point] of Object.entries(node.gpus)) {
       const cell = cells.get(gpuId);
+      if (cell) showCell(cell, point[u], point[m], point[t]);
       const row = rows.get(gpuId);
-      if (!cell && !row) continue;
-      const p = Live.point(msg.keys, values);
-      if (cell) showCell(cell, p);
-      if (row) showRow(row, p);
+      if (row) showRow(row, Live.point(msg.keys, point));
     }
   }
 });

@@ -49,8 +49,22 @@ var Live = window.Live || (() => {
   }
 
   const LABELS = { online: "Online", stale: "Stale", offline: "Offline", new: "Never connected" };
+  // The page's elements of each node, indexed once: a fleet tick names up to 1,000 nodes, and an attribute
+  // query of the whole document per node per tick kept the main thread busy.
+  let sections = null;
+  function sectionsOf(nodeId) {
+    if (sections === null) {
+      sections = new Map();
+      document.querySelectorAll("[data-node][data-status]").forEach((el) => {
+        if (!sections.has(el.dataset.node)) sections.set(el.dataset.node, []);
+        sections.get(el.dataset.node).push(el);
+      });
+    }
+    return sections.get(nodeId) || [];
+  }
+
   function markStatus(nodeId, status) {
-    document.querySelectorAll(`[data-node="${nodeId}"]`).forEach((section) => {
+    sectionsOf(nodeId).forEach((section) => {
       if (section.dataset.status === status) return;
       section.dataset.status = status;
       const badge = section.querySelector(".status");
