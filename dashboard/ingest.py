@@ -284,6 +284,10 @@ class IngestBuffer:
     _task: asyncio.Task | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
+    def holds(self, node_id: int) -> bool:
+        """Does an item of this node wait for the next flush?"""
+        return any(item.node_id == node_id for item in self.pending)
+
     def add(self, item: Pending) -> None:
         self.pending.append(item)
         self.rows_pending += len(item.rows) + len(item.logs)
