@@ -99,4 +99,50 @@ class Migration(migrations.Migration):
                 ('until', models.DateTimeField()),
             ],
         ),
+        migrations.AlterField(
+            model_name='gpusample',
+            name='mem_clock_mhz',
+            field=dashboard.models.fleet.RealField(blank=True, null=True),
+        ),
+        migrations.AlterField(
+            model_name='gpusample',
+            name='mem_free_mib',
+            field=dashboard.models.fleet.RealField(),
+        ),
+        migrations.AlterField(
+            model_name='gpusample',
+            name='mem_used_mib',
+            field=dashboard.models.fleet.RealField(),
+        ),
+        migrations.AlterField(
+            model_name='gpusample',
+            name='power_limit_w',
+            field=dashboard.models.fleet.RealField(blank=True, null=True),
+        ),
+        migrations.AlterField(
+            model_name='gpusample',
+            name='power_w',
+            field=dashboard.models.fleet.RealField(),
+        ),
+        migrations.AlterField(
+            model_name='gpusample',
+            name='sm_clock_mhz',
+            field=dashboard.models.fleet.RealField(blank=True, null=True),
+        ),
+        migrations.AlterField(
+            model_name='gpusample',
+            name='temp_c',
+            field=dashboard.models.fleet.RealField(),
+        ),
+        migrations.AlterField(
+            model_name='gpusample',
+            name='util_gpu',
+            field=dashboard.models.fleet.RealField(),
+        ),
+        migrations.AlterField(
+            model_name='gpusample',
+            name='util_mem',
+            field=dashboard.models.fleet.RealField(),
+        ),
+    
     ]

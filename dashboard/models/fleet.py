@@ -165,23 +165,32 @@ class Link(models.Model):
         return LinkClass.of(self.link)
 
 
+class RealField(models.FloatField):
+    """A 4-byte float (`real`): a rollup keeps a tenth of a percent or a watt, not 15 digits, in half the bytes
+    of a double on PostgreSQL (SQLite stores every float in 8 bytes, or fewer when it is a whole number)."""
+
+    def db_type(self, connection: Any) -> str:
+        return "real"
+
+
 class GpuSample(models.Model):
     """One raw sample, kept SAMPLE_RETENTION_HOURS (default 1): the live charts and hang evidence. Longer
     ranges read the minute and hour rollups (dashboard/storage.py)."""
 
-    # No index of its own: the unique (gpu, t) index serves every lookup by GPU.
+    # Readings as 4-byte floats (RealField): NVML reports whole percent, MiB and milliwatts; 36 bytes a row
+    # less on PostgreSQL. No index of its own: the unique (gpu, t) index serves every lookup by GPU.
     gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="samples", db_index=False)
     t = models.DateTimeField()
     seq = models.BigIntegerField()
-    util_gpu = models.FloatField()
-    util_mem = models.FloatField()
-    mem_used_mib = models.FloatField()
-    mem_free_mib = models.FloatField()
-    temp_c = models.FloatField()
-    power_w = models.FloatField()
-    power_limit_w = models.FloatField(null=True, blank=True)
-    sm_clock_mhz = models.FloatField(null=True, blank=True)
-    mem_clock_mhz = models.FloatField(null=True, blank=True)
+    util_gpu = RealField()
+    util_mem = RealField()
+    mem_used_mib = RealField()
+    mem_free_mib = RealField()
+    temp_c = RealField()
+    power_w = RealField()
+    power_limit_w = RealField(null=True, blank=True)
+    sm_clock_mhz = RealField(null=True, blank=True)
+    mem_clock_mhz = RealField(null=True, blank=True)
     throttle_reasons = models.BigIntegerField(default=0)
     ecc_corrected = models.BigIntegerField(null=True, blank=True)
     ecc_uncorrected = models.BigIntegerField(null=True, blank=True)
@@ -196,14 +205,6 @@ class GpuSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gpu} @ {self.t:%H:%M:%S}"
-
-
-class RealField(models.FloatField):
-    """A 4-byte float (`real`): a rollup keeps a tenth of a percent or a watt, not 15 digits, in half the bytes
-    of a double on PostgreSQL (SQLite stores every float in 8 bytes, or fewer when it is a whole number)."""
-
-    def db_type(self, connection: Any) -> str:
-        return "real"
 
 
 # The rolled-up metrics, named after GpuSample's columns: what the charts draw.
