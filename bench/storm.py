@@ -4,8 +4,8 @@
 
 The real stack (embedded Redis, uvicorn, SQLite) and N agents (the real agent code, in one helper process,
 as bench/ingest.py runs them). Once every node is live in a logged-in browser client and `--warmup` seconds
-have passed, the uvicorn process is stopped (SIGTERM) and started again on the same port. `all_live_s`: from
-the stop until the browser client (reconnecting itself) has had a fresh value of every node from the new
+have passed, the uvicorn process is stopped (SIGTERM) and started again on the same port. `stop_s`: until
+the old process is gone, `server_down_s`: until the new one listens; `all_live_s`: from the stop until the browser client (reconnecting itself) has had a fresh value of every node from the new
 process; `lost`: GPU samples the agents sent minus those stored, after they drained their outboxes.
 """
 
@@ -90,7 +90,7 @@ async def storm(
         ready.touch()
         await asyncio.sleep(args.warmup)
         stopped = time.monotonic()
-        await asyncio.to_thread(restart)
+        down = await asyncio.to_thread(restart)
         await wait_for(
             lambda: browser.live_since(stopped) >= len(tokens), args.after, "every node live again"
         )
@@ -102,7 +102,7 @@ async def storm(
             await agents.wait()
         browser.stop.set()
         await watcher
-    return {**json.loads(out), "all_live_s": round(all_live, 2)}
+    return {**json.loads(out), "all_live_s": round(all_live, 2), **down}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -122,10 +122,16 @@ def run(args: argparse.Namespace) -> dict:
             services.append(stack.asgi_service(port, env, log).start())
             stack.wait_for_port(port)
 
-            def restart() -> None:
+            def restart() -> dict[str, float]:
+                began = time.monotonic()
                 services.pop().stop()
+                stopped = time.monotonic()
                 services.append(stack.asgi_service(port, env, log).start())
                 stack.wait_for_port(port)
+                return {
+                    "stop_s": round(stopped - began, 2),
+                    "server_down_s": round(time.monotonic() - began, 2),
+                }
 
             tokens, sessionid = make_fleet(args.agents)
             outcome = asyncio.run(storm(args, f"http://127.0.0.1:{port}", restart, tokens, sessionid, log))
@@ -138,6 +144,8 @@ def run(args: argparse.Namespace) -> dict:
         "agents": args.agents,
         "gpus_per_agent": args.gpus,
         "all_live_s": outcome["all_live_s"],
+        "stop_s": outcome["stop_s"],  # SIGTERM until the old process is gone
+        "server_down_s": outcome["server_down_s"],  # until the new one listens: no agent can beat it
         "sent": sent,
         "stored": stored,
         "lost": sent - stored,

@@ -132,6 +132,9 @@ def asgi_service(port: int, env: dict[str, str], log_dir: Path) -> Service:
         "--no-access-log",
         "--ws-max-size",
         str(512 * 1024),
+        # Open agent sockets could hold a graceful stop 10 s and more (then SIGKILL): agents replay anyway.
+        "--timeout-graceful-shutdown",
+        "2",
     ]
     return Service("asgi", argv, env, log_dir / "asgi.log")
 
