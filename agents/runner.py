@@ -37,15 +37,20 @@ class AgentRejected(RuntimeError):
 
 @dataclass
 class Backoff:
-    """Exponential backoff with full jitter, reset after a connection that worked."""
+    """Exponential backoff with full jitter, reset after a connection that worked.
+
+    The window grows by half per refused attempt, not double: after a server restart (a second or two down)
+    an agent that doubled would have been refused three times and wait up to 8 s more, and a fleet's nodes
+    came back over many seconds (bench/storm.py). The jitter still spreads 1,000 agents over the window."""
 
     base: float = 0.5
     cap: float = 30.0
+    growth: float = 1.5
     attempt: int = 0
 
     def next_delay(self) -> float:
         self.attempt += 1
-        return random.uniform(0, min(self.cap, self.base * 2**self.attempt))
+        return random.uniform(0, min(self.cap, self.base * self.growth**self.attempt))
 
     def reset(self) -> None:
         self.attempt = 0

@@ -111,6 +111,9 @@ def stalled(count: int, runs: int) -> dict:
 
 
 def main() -> None:
+    from bench.cleanup import exit_on_sigterm
+
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=300)
     parser.add_argument("--deployments", type=int, default=300)

@@ -34,6 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpus", type=int, default=8, choices=[2, 4, 8])
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--processes", type=int, default=1, help="ASGI processes; agent i uses process i mod N"
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--log-dir", default="", help="keep the servers' logs here (default: a temp dir)")
     parser.add_argument("--role", default="main", choices=["main", "agents", "echo"], help=argparse.SUPPRESS)
@@ -53,8 +56,9 @@ async def run_agents(
     from agents.gpus import make_source
     from agents.runner import Agent
 
+    servers = server.split(",")
     fleet = [
-        Agent(server, t, make_source(f"{SPEC_BY_GPUS[gpus]},seed={i}"), interval)
+        Agent(servers[i % len(servers)], t, make_source(f"{SPEC_BY_GPUS[gpus]},seed={i}"), interval)
         for i, t in enumerate(tokens)
     ]
     loop = asyncio.get_running_loop()
@@ -152,10 +156,32 @@ async def watch_browser(
                 online.add(message["node"])
 
 
-async def mark_ready(online: set[int], count: int, ready: Path) -> None:
+async def mark_ready(online: set[int], count: int, ready: Path, cpu: CpuClock) -> None:
     while len(online) < count:
         await asyncio.sleep(0.1)
+    cpu.start()
     ready.touch()
+
+
+class CpuClock:
+    """CPU seconds of the server processes over the measured window (from /proc), per process."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids, self.began, self.wall = pids, [0.0] * len(pids), 0.0
+
+    def start(self) -> None:
+        self.began, self.wall = [cpu_seconds(p) for p in self.pids], time.monotonic()
+
+    def shares(self) -> list[float]:
+        wall = max(1e-9, time.monotonic() - self.wall)
+        return [
+            round(100 * (cpu_seconds(p) - b) / wall, 1) for p, b in zip(self.pids, self.began, strict=True)
+        ]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -195,15 +221,18 @@ def stored_samples() -> int:
     return GpuSample.objects.count()
 
 
-async def measure(args: argparse.Namespace, url: str, tokens: list[str], sessionid: str, log: Path) -> dict:
+async def measure(
+    args: argparse.Namespace, urls: list[str], tokens: list[str], sessionid: str, log: Path, cpu: CpuClock
+) -> dict:
     latencies: list[float] = []
     transit: list[float] = []
     online: set[int] = set()
     stop = asyncio.Event()
-    watcher = asyncio.create_task(watch_browser(url, sessionid, stop, latencies, transit, online))
+    # The browser client is on the first process: with several, the others' nodes reach it through Redis.
+    watcher = asyncio.create_task(watch_browser(urls[0], sessionid, stop, latencies, transit, online))
     ready = log / "ready"
     ready.unlink(missing_ok=True)
-    marker = asyncio.create_task(mark_ready(online, len(tokens), ready))
+    marker = asyncio.create_task(mark_ready(online, len(tokens), ready, cpu))
     with (log / "tokens").open("w") as fh:
         fh.write("\n".join(tokens))
     proc = await asyncio.create_subprocess_exec(
@@ -212,7 +241,7 @@ async def measure(args: argparse.Namespace, url: str, tokens: list[str], session
         "--role",
         "agents",
         "--server",
-        url,
+        ",".join(urls),
         "--tokens",
         str(log / "tokens"),
         "--ready-file",
@@ -228,16 +257,27 @@ async def measure(args: argparse.Namespace, url: str, tokens: list[str], session
         stdout=subprocess.PIPE,
         cwd=ROOT,
     )
-    out, _ = await proc.communicate()
+    try:
+        out, _ = await proc.communicate()
+    finally:  # SIGTERM (bench/cleanup.py) cancels this: the agents go too
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    shares = cpu.shares()
     await asyncio.sleep(1.5)  # let the last fan-out tick reach the browser client
     stop.set()
     marker.cancel()
     await watcher
-    return {**json.loads(out), "latencies": latencies, "transit": transit}
+    return {**json.loads(out), "latencies": latencies, "transit": transit, "server_cpu_pct": shares}
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench.cleanup import exit_on_sigterm
+
+    exit_on_sigterm()
     args = parse_args(argv)
+    if args.processes < 1:
+        raise SystemExit("--processes must be at least 1")
     if args.role == "agents":
         tokens = Path(args.tokens).read_text().split()
         fleet = run_agents(args.server, tokens, args.gpus, args.interval, args.seconds, Path(args.ready_file))
@@ -258,23 +298,29 @@ def run_main(args: argparse.Namespace) -> dict:
         log = Path(args.log_dir or tmp)
         log.mkdir(parents=True, exist_ok=True)
         setup_django(log / "bench.sqlite3")
-        redis_port, port, echo_port = stack.free_port(), stack.free_port(), stack.free_port()
+        redis_port, echo_port = stack.free_port(), stack.free_port()
+        ports = [stack.free_port() for _ in range(args.processes)]
         services = [stack.redis_service(redis_port, log).start()]
-        stack.wait_for_port(redis_port)
-        env = {"REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "DATABASE_URL": os.environ["DATABASE_URL"]}
-        services.append(stack.asgi_service(port, env, log).start())
-        services.append(
-            stack.Service(
-                "echo", [sys.executable, __file__, "--role", "echo", "--server", str(echo_port)]
-            ).start()
-        )
         try:
-            stack.wait_for_port(port)
-            stack.wait_for_port(echo_port)
+            stack.wait_for_port(redis_port)
+            env = {
+                "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+                "DATABASE_URL": os.environ["DATABASE_URL"],
+            }
+            asgi = [
+                stack.asgi_service(port, env, asgi_log_dir(log, i)).start() for i, port in enumerate(ports)
+            ]
+            services += asgi
+            echo_argv = [sys.executable, __file__, "--role", "echo", "--server", str(echo_port)]
+            services.append(stack.Service("echo", echo_argv).start())
+            for port in [*ports, echo_port]:
+                stack.wait_for_port(port)
             echo = asyncio.run(echo_capacity(echo_port))
             tokens, sessionid = make_fleet(args.agents)
             started = time.monotonic()
-            outcome = asyncio.run(measure(args, f"http://127.0.0.1:{port}", tokens, sessionid, log))
+            urls = [f"http://127.0.0.1:{port}" for port in ports]
+            cpu = CpuClock([service.proc.pid for service in asgi])
+            outcome = asyncio.run(measure(args, urls, tokens, sessionid, log, cpu))
             elapsed = time.monotonic() - started
             stored = stored_samples()
         finally:
@@ -283,10 +329,29 @@ def run_main(args: argparse.Namespace) -> dict:
     return summarize(args, outcome, stored, elapsed, echo)
 
 
+def asgi_log_dir(log: Path, index: int) -> Path:
+    """One process logs where the benchmark always put its log; several get a directory each."""
+    if index == 0:
+        return log
+    (log / f"asgi-{index}").mkdir(exist_ok=True)
+    return log / f"asgi-{index}"
+
+
+def versions() -> dict[str, str]:
+    """The versions the figures depend on (issue #13: a fresh install did not reproduce unrecorded ones)."""
+    from importlib.metadata import version
+
+    names = ("django", "channels", "channels-redis", "redis", "uvicorn", "websockets")
+    return {"python": sys.version.split()[0], **{name: version(name) for name in names}}
+
+
 def summarize(args: argparse.Namespace, outcome: dict, stored: int, elapsed: float, echo: float) -> dict:
     latencies = outcome["latencies"]
     return {
         "agents": args.agents,
+        "processes": args.processes,
+        "server_cpu_pct": outcome["server_cpu_pct"],
+        "versions": versions(),
         "gpus_per_agent": args.gpus,
         "interval_s": args.interval,
         "seconds": args.seconds,

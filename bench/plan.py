@@ -140,6 +140,9 @@ def main_cli(model_ref: str, repeat: int) -> int:
 
 
 def main() -> int:
+    from bench.cleanup import exit_on_sigterm
+
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="Llama-3.1-70B-Instruct")
     parser.add_argument("--repeat", type=int, default=3)

@@ -101,19 +101,21 @@ def open_alert(key: str, content: dict[str, Any], batch: Batch | None = None) ->
 def sync(problems: list[Problem], judged: set[str]) -> list[Job]:
     """Make the alerts match what the rules see now (evaluate_fleet): open an alert for each new problem,
     refresh the ongoing ones, resolve those whose problem is gone. Ongoing problems cost a fixed number of
-    queries however many there are (one lookup, one update of the confirmation time, one bulk update of the
-    alerts whose content changed); opening and resolving cost queries per alert. Returns the delivery to queue."""
-    unresolved = {alert.key: alert for alert in open_alerts()}
+    queries however many there are (one lookup of every unresolved alert's key, one of the alerts whose
+    content is described again, one update of the confirmation time, one bulk update of the alerts whose
+    content changed); opening and resolving cost queries per alert. Returns the delivery to queue."""
+    unresolved = unresolved_keys()
     now, changed_rows, batch = timezone.now(), [], Batch()
-    for problem in problems:
-        if problem.settled:  # the alert keeps its content (and opens on a later run if it was resolved since)
-            continue
+    described = [p for p in problems if not p.settled]  # a settled one keeps its alert's content as it is
+    current = Alert.objects.unresolved().filter(key__in=[p.key for p in described if p.key in unresolved])
+    alerts = {alert.key: alert for alert in current}
+    for problem in described:
         content = problem_content(problem)
         check_alert_input(problem.key, content)
-        alert = unresolved.get(problem.key)
-        if alert is None:
+        alert = alerts.get(problem.key)
+        if problem.key not in unresolved:  # (a settled one opens on a later run if it was resolved since)
             open_alert(problem.key, content, batch)
-        elif differs(alert, content):
+        elif alert is not None and differs(alert, content):
             for name, value in content.items():
                 setattr(alert, name, value)
             alert.refreshed = now
@@ -122,11 +124,27 @@ def sync(problems: list[Problem], judged: set[str]) -> list[Job]:
     ongoing = [unresolved[p.key].pk for p in problems if p.key in unresolved]
     Alert.objects.filter(pk__in=ongoing).update(refreshed=now)
     found = {p.key for p in problems}
-    for alert in unresolved.values():
-        reason = resolution(alert, found, judged)
+    for row in unresolved.values():
+        reason = resolution(row, found, judged)
         if reason:
-            resolve_alert(alert.key, reason, batch)
+            resolve_alert(row.key, reason, batch)
     return batch.jobs()
+
+
+@dataclass(frozen=True)
+class UnresolvedKey:
+    """What `sync` reads of every unresolved alert: a row, not the alert with its evidence."""
+
+    pk: int
+    key: str
+    kind: str
+    deployment_id: str | None
+    deployment_state: str | None
+
+
+def unresolved_keys() -> dict[str, UnresolvedKey]:
+    rows = Alert.objects.unresolved().values_list("pk", "key", "kind", "deployment_id", "deployment__state")
+    return {row[1]: UnresolvedKey(*row) for row in rows}
 
 
 def problem_content(p: Problem) -> dict[str, Any]:
@@ -153,11 +171,11 @@ def differs(alert: Alert, content: dict[str, Any]) -> bool:
     return False
 
 
-def resolution(alert: Alert, found: set[str], judged: set[str]) -> str | None:
+def resolution(alert: UnresolvedKey, found: set[str], judged: set[str]) -> str | None:
     """Why the unresolved `alert` is over, or None while its problem may still be there."""
     if alert.key in found:
         return None
-    if alert.deployment_id and alert.deployment.state == DeploymentState.STOPPED:
+    if alert.deployment_id and alert.deployment_state == DeploymentState.STOPPED:
         return "the deployment was stopped"
     if alert.kind == INCIDENT and f"{INCIDENT}:" in judged:
         return "every node of the incident reports again"

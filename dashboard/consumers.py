@@ -147,7 +147,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def hello(self, message: protocol.Hello) -> None:
         buffer = ingest_buffer()
-        await buffer.flush()  # whatever an earlier connection of this agent still has in flight
+        if buffer.holds(self.node.pk):  # what an earlier connection of this agent still has in flight
+            await buffer.flush()  # (only then: after a restart, 1,000 hellos were 1,000 early flushes)
         node = await database_sync_to_async(Node.objects.get)(pk=self.node.pk)
         watermark_moved = node.last_seen or node.created
         try:
@@ -215,6 +216,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             sampled_at,
             on_failed=self.not_stored,
             xids=xids,
+            boot_id=self.node.boot_id,
         )
         ingest_buffer().add(pending)
 
@@ -283,6 +285,9 @@ class FleetConsumer(AsyncWebsocketConsumer):
         await self.send(event["text"])  # encoded once per tick for every browser (live.fleet_update)
 
     async def fleet_node(self, event: dict) -> None:
+        await self.send(browser_json.dumps(event))
+
+    async def fleet_nodes(self, event: dict) -> None:
         await self.send(browser_json.dumps(event))
 
     async def fleet_plan(self, event: dict) -> None:

@@ -21,7 +21,7 @@ from agents import xids
 from agents.logscan import PHASES, LogScanner, Verdict
 from dashboard.choices import DeploymentState, DesiredState
 from dashboard.fleet import log_tail
-from dashboard.models import Alert, Deployment, GpuSample, LogChunk, Node
+from dashboard.models import Alert, Deployment, Gpu, GpuSample, LogChunk, Node
 
 LOG_LINES_SCANNED = 400
 XID_QUIET_MINUTES = 30
@@ -30,6 +30,7 @@ UNLOADING = PHASES["stopping"]
 INCIDENT = "nodes-lost"  # the kind of the alert that groups many lost nodes
 HUNG_IDLE = "hung-idle"  # a canary probe failed: the server hangs though nobody uses it
 EVIDENCE_REFRESH_S = 15.0
+EVIDENCE_PER_RUN = 4
 # Log tails as last read and scanned, per deployment, with the newest chunk they include (this process only).
 LOG_TAILS: dict[str, tuple[int | None, list[str], LogScanner]] = {}
 # A scrape's time is the agent's clock, `now` the server's: hosts drift apart by seconds, so a scrape counts as
@@ -113,6 +114,7 @@ def fleet_queryset() -> QuerySet[Deployment]:
     newest = LogChunk.objects.filter(node=OuterRef("node"), source=OuterRef("pk")).order_by("-t", "-seq")
     return (
         Deployment.objects.select_related("node", "plan_request")
+        .defer("launch", "node__topology", "plan_request__result", "plan_request__config")
         .prefetch_related("node__links")
         .exclude(state=DeploymentState.STOPPED)
         .annotate(last_log_t=Subquery(newest.values("t")[:1]), last_log_pk=Subquery(newest.values("pk")[:1]))
@@ -400,14 +402,42 @@ def gpu_pattern(d: Deployment, now: datetime, seconds: float = 30) -> dict[str, 
 
 
 # ---- nodes ----------------------------------------------------------------------------------------------------
-def node_problems(nodes: list[Node], now: datetime) -> list[Problem]:
+@dataclass(frozen=True)
+class NodeSeen:
+    """What the node rules read of a node: a row, not a model instance (1,000 of those cost more than the
+    rules themselves). An alert about the node gets a Node through `as_node`."""
+
+    pk: int
+    name: str
+    last_seen: datetime
+    interval_s: float
+    connected: bool = False
+
+    def stale_after(self) -> timedelta:
+        return timedelta(seconds=self.interval_s * settings.STALE_AFTER_INTERVALS)
+
+    def as_node(self) -> Node:
+        return Node(pk=self.pk, name=self.name, last_seen=self.last_seen, interval_s=self.interval_s)
+
+
+SeenNode = Node | NodeSeen
+
+
+def nodes_seen() -> list[NodeSeen]:
+    rows = Node.objects.filter(last_seen__isnull=False).values_list(
+        "pk", "name", "last_seen", "interval_s", "connected"
+    )
+    return [NodeSeen(*row) for row in rows]
+
+
+def node_problems(nodes: list[SeenNode], now: datetime) -> list[Problem]:
     """Lost nodes (alone, or grouped into incidents) and XID errors, for the whole fleet in a few queries."""
     lost = [n for n in nodes if now - n.last_seen > n.stale_after()]
     problems = lost_node_problems(lost, now) if lost else []
     return problems + xid_problems(nodes, now)
 
 
-def lost_node_problems(lost: list[Node], now: datetime) -> list[Problem]:
+def lost_node_problems(lost: list[SeenNode], now: datetime) -> list[Problem]:
     """One node-lost alert per node lost alone; one incident for many nodes lost within the grouping window.
 
     A node with an open node-lost alert keeps it. The others belong to an open incident whose span (widened
@@ -438,7 +468,7 @@ def lost_node_problems(lost: list[Node], now: datetime) -> list[Problem]:
     return problems + [p for p in (i.problem(now, running) for i in incidents) if p]
 
 
-def joined(node: Node, incidents: list[Incident], window: timedelta) -> bool:
+def joined(node: SeenNode, incidents: list[Incident], window: timedelta) -> bool:
     for incident in incidents:
         if incident.covers(node.last_seen, window):
             incident.add(node)
@@ -446,7 +476,7 @@ def joined(node: Node, incidents: list[Incident], window: timedelta) -> bool:
     return False
 
 
-def groups_within(nodes: list[Node], window: timedelta) -> list[list[Node]]:
+def groups_within(nodes: list[SeenNode], window: timedelta) -> list[list[SeenNode]]:
     """Nodes (sorted by last message) in groups whose last messages lie within `window` of the group's first."""
     groups: list[list[Node]] = []
     for node in nodes:
@@ -462,7 +492,7 @@ def deployments_running(node_ids: list[int]) -> dict[int, int]:
     return dict(active.values("node_id").annotate(n=Count("pk")).values_list("node_id", "n"))
 
 
-def node_lost(node: Node, now: datetime, running: int) -> Problem:
+def node_lost(node: SeenNode, now: datetime, running: int) -> Problem:
     silent = (now - node.last_seen).total_seconds()
     return Problem(
         f"node-lost:{node.pk}",
@@ -472,7 +502,7 @@ def node_lost(node: Node, now: datetime, running: int) -> Problem:
         + (f" {running} deployment(s) run there." if running else ""),
         "Check that the host is up and `python -m agents run` is running; look at the agent's log.",
         {"last_seen": node.last_seen.isoformat(), "deployments": running},
-        node=node,
+        node=node.as_node() if isinstance(node, NodeSeen) else node,
     )
 
 
@@ -496,7 +526,7 @@ class Incident:
         return incident
 
     @classmethod
-    def new(cls, nodes: list[Node]) -> Incident:
+    def new(cls, nodes: list[SeenNode]) -> Incident:
         first = nodes[0]
         incident = cls(f"{INCIDENT}:{first.last_seen:%Y%m%dT%H%M%S}:{first.pk}", {})
         for node in nodes:
@@ -507,7 +537,7 @@ class Incident:
         self.first = t if self.first is None else min(self.first, t)
         self.last = t if self.last is None else max(self.last, t)
 
-    def add(self, node: Node) -> None:
+    def add(self, node: SeenNode) -> None:
         """`node` is lost now, as part of this incident (again, if it came back in between)."""
         self.members[node.pk] = {
             "id": node.pk,
@@ -557,21 +587,28 @@ class Incident:
         return Problem(self.key, INCIDENT, title, cause, remedy, evidence)
 
 
-def xid_problems(nodes: list[Node], now: datetime) -> list[Problem]:
-    """XID errors of the last XID_QUIET_MINUTES, newest sighting per node, GPU and code: one query."""
+def xid_problems(nodes: list[SeenNode], now: datetime) -> list[Problem]:
+    """XID errors of the last XID_QUIET_MINUTES, newest sighting per node, GPU and code. Two queries whatever
+    the fleet's size: the samples that carry XIDs come from their own partial index (sample_xid_time)."""
     by_id = {n.pk: n for n in nodes}
+    recent = GpuSample.objects.filter(t__gte=now - timedelta(minutes=XID_QUIET_MINUTES)).exclude(xids=[])
+    rows = list(recent.order_by().values_list("gpu_id", "t", "xids"))
+    where = dict(
+        (pk, (node_id, index))
+        for pk, node_id, index in Gpu.objects.filter(pk__in={r[0] for r in rows}).values_list(
+            "pk", "node_id", "index"
+        )
+    )
     seen: dict[tuple[int, int, int], datetime] = {}
-    rows = GpuSample.objects.filter(gpu__node_id__in=by_id, t__gte=now - timedelta(minutes=XID_QUIET_MINUTES))
-    for node_id, index, t, codes in rows.exclude(xids=[]).values_list(
-        "gpu__node_id", "gpu__index", "t", "xids"
-    ):
-        for code in codes:
+    for gpu_id, t, codes in rows:
+        node_id, index = where.get(gpu_id, (None, 0))
+        for code in codes if node_id in by_id else ():
             if xids.is_failure(code):  # 63, 64, 92 only inform
                 seen[(node_id, index, code)] = max(seen.get((node_id, index, code), t), t)
     return [xid_problem(by_id[node_id], index, code, t) for (node_id, index, code), t in sorted(seen.items())]
 
 
-def xid_problem(node: Node, index: int, code: int, t: datetime) -> Problem:
+def xid_problem(node: SeenNode, index: int, code: int, t: datetime) -> Problem:
     meaning, remedy = xids.describe(code)
     return Problem(
         f"xid:{node.pk}:{index}:{code}",
@@ -581,7 +618,7 @@ def xid_problem(node: Node, index: int, code: int, t: datetime) -> Problem:
         remedy[0].upper() + remedy[1:] + ".",
         {"gpu": index, "xid": code, "last_seen": t.isoformat()},
         severity="critical" if code in xids.CRITICAL else "warning",
-        node=node,
+        node=node.as_node() if isinstance(node, NodeSeen) else node,
     )
 
 
@@ -601,18 +638,25 @@ def fleet_problems(now: datetime | None = None) -> tuple[list[Problem], set[str]
             judged.add(f"unload:{d.pk}")
     for gone in LOG_TAILS.keys() - {d.pk for d in deployments}:
         del LOG_TAILS[gone]
-    nodes = list(Node.objects.filter(last_seen__isnull=False).only("pk", "name", "last_seen", "interval_s"))
+    nodes = nodes_seen()
     problems += node_problems(nodes, now)
     judged |= {f"node-lost:{n.pk}" for n in nodes} | {f"xid:{n.pk}:" for n in nodes} | {f"{INCIDENT}:"}
     return problems, judged
 
 
 def settled_keys(now: datetime) -> frozenset[str]:
-    """Keys of the deployment alerts that keep their content this run. Each open one has its evidence
-    gathered and written again once every EVIDENCE_REFRESH_S, in turn (by its id), so that a run refreshes a
-    few of many open alerts rather than all: a stall's counter history and GPU pattern cost queries, and
-    rewriting every alert's evidence every second costs more than judging the fleet."""
-    runs = max(1, round(EVIDENCE_REFRESH_S / settings.AGENT_INTERVAL))
-    turn = int(now.timestamp() / settings.AGENT_INTERVAL) % runs
-    keys = Alert.objects.unresolved().filter(deployment__isnull=False).values_list("pk", "key")
-    return frozenset(key for pk, key in keys if pk % runs != turn)
+    """Keys of the deployment alerts that keep their content this run. The open ones have their evidence
+    gathered and written again in turn (by id), EVIDENCE_PER_RUN of them per run, so that a run's queries do
+    not grow with the number of open alerts (a stall's counter history and GPU pattern cost two queries
+    each); with 200 open, each is described again every 50 runs."""
+    keys = list(
+        Alert.objects.unresolved()
+        .filter(deployment__isnull=False)
+        .order_by("pk")
+        .values_list("key", flat=True)
+    )
+    if not keys:
+        return frozenset()
+    per_run = min(EVIDENCE_PER_RUN, len(keys))
+    first = int(now.timestamp() / settings.AGENT_INTERVAL) * per_run
+    return frozenset(keys) - {keys[(first + i) % len(keys)] for i in range(per_run)}

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import Avg, F, OuterRef, QuerySet, Subquery
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import Round
 from django.utils import timezone
 
+from dashboard import storage
 from dashboard.choices import DeploymentState, LinkClass, NodeStatus
 from dashboard.live import TIMED_POINT_KEYS, GpuPoint, gpu_point
 from dashboard.models import Deployment, DeploymentMember, Gpu, GpuSample, LogChunk, Node
+from dashboard.models.fleet import GpuRollup
 
 
 @dataclass
@@ -62,23 +67,94 @@ def _point(sample: GpuSample | None) -> GpuPoint | None:
     return gpu_point(sample) if sample else None
 
 
+# The charts' range buttons: name -> minutes. Each reads the tier that fits it (storage.tier_for).
+CHART_RANGES = {"15m": 15, "1h": 60, "6h": 360, "24h": 1440, "7d": 7 * 1440, "90d": 90 * 1440}
+GAP_STEPS = 3  # no point for this many steps (sampling intervals or buckets) is a gap, not a line
+CHART_POINTS = 360  # at most this many points per GPU from a tier: a chart is a few hundred pixels wide
+CHART_METRICS = ("util_gpu", "mem_used_mib", "temp_c", "power_w", "util_mem")  # in GpuPoint's order
+
+
+def chart_step(tier: type[GpuRollup], minutes: int) -> int:
+    """Seconds per chart point: the tier's bucket, or whole buckets enough to stay within CHART_POINTS."""
+    buckets = math.ceil(minutes * 60 / tier.SECONDS / CHART_POINTS)
+    return tier.SECONDS * max(1, buckets)
+
+
+def chart_minutes(name: str) -> int:
+    """The minutes of a range button's name; a ValueError naming the choices for anything else."""
+    if name not in CHART_RANGES:
+        raise ValueError(f"range must be one of {', '.join(CHART_RANGES)}, not {name[:20]!r}")
+    return CHART_RANGES[name]
+
+
 def gpu_history(
     node: Node, minutes: int, indices: list[int] | None = None, after: datetime | None = None
 ) -> dict[str, Any]:
-    """{"keys": TIMED_POINT_KEYS, "gpus": {GPU id: [[unix_ms, *point], ...]}} for the charts;
-    `after`: only the samples newer than that (a page that reconnects fills its gap)."""
+    """{"keys": TIMED_POINT_KEYS, "gpus": {GPU id: [[unix_ms, *point], ...]}, "step_s", "tier"} for the charts, from
+    raw samples or the minute or hour averages as the range calls for (storage.tier_for). Where no point came
+    for GAP_STEPS steps a row of nulls stands between, so charts break the line there.
+    `after`: only the points newer than that (a page that reconnects fills its gap)."""
     since = timezone.now() - timedelta(minutes=minutes)
-    rows = GpuSample.objects.filter(gpu__node=node, t__gte=since).order_by("t")
+    gpus = node.gpus.all() if indices is None else node.gpus.filter(index__in=indices)
+    tier = storage.tier_for(minutes)
+    if tier is None:
+        history, step = _raw_history(list(gpus), since, after), node.interval_s or 1.0
+    else:
+        step = chart_step(tier, minutes)
+        history = _rollup_history(tier, list(gpus), since, after, step)
+    gap_ms = GAP_STEPS * step * 1000
+    return {
+        "keys": TIMED_POINT_KEYS,
+        "gpus": {gpu: with_gaps(points, gap_ms) for gpu, points in history.items()},
+        "step_s": step,
+        "tier": "raw" if tier is None else tier.__name__.removeprefix("Gpu").lower(),
+    }
+
+
+def _raw_history(gpus: list[Gpu], since: datetime, after: datetime | None) -> dict[str, list[list]]:
+    rows = GpuSample.objects.filter(gpu__in=gpus, t__gte=since).order_by("t")
     if after is not None:
         rows = rows.filter(t__gt=after)
-    if indices is not None:
-        rows = rows.filter(gpu__index__in=indices)
-    history: dict[str, list[list[float]]] = {}
+    history: dict[str, list[list]] = {}
     for row in rows.values_list(
         "gpu_id", "t", "util_gpu", "mem_used_mib", "mem_free_mib", "temp_c", "power_w", "util_mem", named=True
     ):
         history.setdefault(str(row.gpu_id), []).append([row.t.timestamp() * 1000, *gpu_point(row)])
-    return {"keys": TIMED_POINT_KEYS, "gpus": history}
+    return history
+
+
+def _rollup_history(
+    tier: type[GpuRollup], gpus: list[Gpu], since: datetime, after: datetime | None, step: int
+) -> dict[str, list[list]]:
+    """The buckets' averages, merged in the database into `step`-second points; a point is drawn at its start."""
+    first = int(max(since, after).timestamp()) if after else int(since.timestamp())
+    totals = {gpu.pk: float(gpu.memory_total_mib) for gpu in gpus}
+    rows = (
+        tier.objects.filter(gpu_id__in=totals, start__gte=first)
+        .annotate(b=F("start") / step * step)
+        .values_list("gpu_id", "b")
+        .annotate(**{metric: Round(Avg(f"{metric}_avg"), 1) for metric in CHART_METRICS})
+        .order_by("gpu_id", "b")
+    )
+    history: dict[str, list[list]] = {}
+    for gpu_id, start, util, mem, temp, power, util_mem in rows:
+        history.setdefault(str(gpu_id), []).append(
+            [start * 1000, util, mem, totals[gpu_id], temp, power, util_mem]
+        )
+    return history
+
+
+def with_gaps(points: list[list], gap_ms: float) -> list[list]:
+    """The points with a row of nulls wherever two are further apart than `gap_ms`."""
+    if not points:
+        return points
+    out = [points[0]]
+    nulls = [None] * (len(points[0]) - 1)
+    for before, point in zip(points, points[1:], strict=False):
+        if point[0] - before[0] > gap_ms:
+            out.append([(before[0] + point[0]) / 2, *nulls])
+        out.append(point)
+    return out
 
 
 @dataclass(frozen=True)
@@ -204,10 +280,23 @@ def log_tail(deployment: Deployment, lines: int = 200) -> list[str]:
 
 
 def metric_history(deployment: Deployment, minutes: int) -> list[list[float | None]]:
-    """[[unix_ms, generation tok/s, running, waiting], ...] for the deployment chart."""
-    since = timezone.now() - timedelta(minutes=minutes)
-    rows = deployment.metrics.filter(t__gte=since).order_by("t")
-    return [
-        [m.t.timestamp() * 1000, m.generation_tokens_per_s, m.requests_running, m.requests_waiting]
-        for m in rows
-    ]
+    """[[unix_ms, generation tok/s, running, waiting], ...] for the deployment chart, with gaps as in
+    gpu_history; past the raw window, averaged per bucket of the tier that range reads (a minute or an hour)."""
+    rows = deployment.metrics.filter(t__gte=timezone.now() - timedelta(minutes=minutes))
+    tier = storage.tier_for(minutes)
+    if tier is None:
+        points = [
+            [m.t.timestamp() * 1000, m.generation_tokens_per_s, m.requests_running, m.requests_waiting]
+            for m in rows.order_by("t")
+        ]
+        return with_gaps(points, GAP_STEPS * (deployment.node.interval_s or 1.0) * 1000)
+    buckets = (
+        rows.annotate(b=RawSQL(storage.bucket_sql(chart_step(tier, minutes)), ()))
+        .values("b")
+        .annotate(
+            tok=Avg("generation_tokens_per_s"), run=Avg("requests_running"), wait=Avg("requests_waiting")
+        )
+        .order_by("b")
+    )
+    points = [[b["b"] * 1000, b["tok"], b["run"], b["wait"]] for b in buckets]
+    return with_gaps(points, GAP_STEPS * chart_step(tier, minutes) * 1000)

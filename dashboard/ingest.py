@@ -66,11 +66,12 @@ def apply_hello(node: Node, hello: Hello) -> dict[int, int]:
     """Record the agent's inventory and topology; return GPU index -> Gpu id for sample rows."""
     digest = inventory_digest(hello)
     with transaction.atomic():
-        if hello.boot_id != node.boot_id:
+        new_boot = hello.boot_id != node.boot_id
+        if new_boot:
             node.boot_id, node.last_seq = hello.boot_id, 0
         unchanged = digest == node.inventory_digest
         node.inventory_digest = digest
-        _update_node_fields(node, hello)
+        _update_node_fields(node, hello, new_boot)
         if unchanged:
             return dict(node.gpus.values_list("index", "pk"))
         gpu_ids = _sync_gpus(node, hello)
@@ -88,7 +89,24 @@ def inventory_digest(hello: Hello) -> str:
     return hashlib.sha256(json.dumps(inventory, sort_keys=True).encode()).hexdigest()
 
 
-def _update_node_fields(node: Node, hello: Hello) -> None:
+# What a hello writes of the node: never last_seq (another server process may be moving it for this node
+# right now; a save of the whole row could set it back), except to 0 when the agent process is a new one.
+HELLO_FIELDS = [
+    "hostname",
+    "simulated",
+    "gpu_source",
+    "agent_version",
+    "driver_version",
+    "cuda_version",
+    "interval_s",
+    "topology",
+    "connected",
+    "last_seen",
+    "inventory_digest",
+]
+
+
+def _update_node_fields(node: Node, hello: Hello, new_boot: bool) -> None:
     node.hostname = hello.hostname
     node.simulated = hello.simulated
     node.gpu_source = hello.gpu_source
@@ -99,7 +117,7 @@ def _update_node_fields(node: Node, hello: Hello) -> None:
     node.topology = hello.topology.model_dump() if hello.topology else None
     node.connected = True
     node.last_seen = timezone.now()
-    node.save()
+    node.save(update_fields=HELLO_FIELDS + (["boot_id", "last_seq"] if new_boot else []))
 
 
 def _sync_gpus(node: Node, hello: Hello) -> dict[int, int]:
@@ -248,6 +266,7 @@ class Pending:
     jobs: list[Job] = field(default_factory=list)
     # Told when the item was not stored (`refused` or `retry` says why); without one it is only logged.
     on_failed: FailCallback | None = None
+    boot_id: str = ""  # the agent process that sent it: the watermark it may move is that boot's
     refused: str = ""  # the database refused this item's data: it never will be stored
     xids: dict[int, list[int]] = field(default_factory=dict)  # GPU id -> XID codes in these samples
     retry: bool = (
@@ -282,6 +301,10 @@ class IngestBuffer:
     listeners: list[Callable[[list[Pending]], None]] = field(default_factory=list)
     _task: asyncio.Task | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def holds(self, node_id: int) -> bool:
+        """Does an item of this node wait for the next flush?"""
+        return any(item.node_id == node_id for item in self.pending)
 
     def add(self, item: Pending) -> None:
         self.pending.append(item)
@@ -380,15 +403,31 @@ def _store_one_by_one(batch: list[Pending]) -> None:
 
 
 def _store(batch: list[Pending]) -> None:
-    highest: dict[int, int] = {}
+    batch = not_stored_yet(batch)
+    highest: dict[tuple[int, str], int] = {}
     for item in batch:
-        highest[item.node_id] = max(highest.get(item.node_id, 0), item.seq)
+        highest[item.node_id, item.boot_id] = max(highest.get((item.node_id, item.boot_id), 0), item.seq)
     insert_samples([r for i in batch for r in i.rows])
-    LogChunk.objects.bulk_create([r for i in batch for r in i.logs], batch_size=500)
+    LogChunk.objects.bulk_create([r for i in batch for r in i.logs], batch_size=500, ignore_conflicts=True)
     for item in batch:
         if item.report is not None:
             item.deployment_summary, item.jobs = apply_report(item.node_id, item.report)
     _advance_watermarks(highest)
+
+
+def not_stored_yet(batch: list[Pending]) -> list[Pending]:
+    """The items no other server process has stored yet. With several processes, an agent that reconnects
+    to another one replays what the first still holds unflushed: whichever flushes first stores it, and the
+    other finds it at or below the node's watermark (same agent boot) and skips it, so a report is applied
+    once. The nodes' rows stay locked to the end of the transaction (PostgreSQL: FOR UPDATE, in id order so
+    that two flushes cannot deadlock; SQLite: the transaction took the write lock when it began)."""
+    nodes = Node.objects.select_for_update().filter(pk__in={i.node_id for i in batch}).order_by("pk")
+    marks = {pk: (boot, seq) for pk, boot, seq in nodes.values_list("pk", "boot_id", "last_seq")}
+    return [item for item in batch if not _at_or_below(item, marks.get(item.node_id))]
+
+
+def _at_or_below(item: Pending, mark: tuple[str, int] | None) -> bool:
+    return mark is not None and item.boot_id == mark[0] and item.seq <= mark[1]
 
 
 def apply_report(node_id: int, report: Report) -> tuple[dict | None, list[Job]]:
@@ -442,12 +481,21 @@ def _insert_samples_sql() -> str:
     )
 
 
-def _advance_watermarks(highest: dict[int, int]) -> None:
-    fields = [Node._meta.get_field(name) for name in ("last_seq", "last_seen")]
-    sql = f"UPDATE {_table(Node)} SET {_columns(fields, ' = %s')} WHERE {_columns([Node._meta.pk])} = %s"
+def _advance_watermarks(highest: dict[tuple[int, str], int]) -> None:
+    """Move each node's watermark forward only, and only for the agent boot it counts (a flush of an earlier
+    boot's items, late from another process, must not move the new boot's)."""
+    q = connection.ops.quote_name
+    seq, seen, pk, boot = (
+        q(Node._meta.get_field(n).column) for n in ("last_seq", "last_seen", "id", "boot_id")
+    )
+    sql = (
+        f"UPDATE {_table(Node)} SET {seq} = CASE WHEN {seq} < %s THEN %s ELSE {seq} END, {seen} = %s "
+        f"WHERE {pk} = %s AND {boot} = %s"
+    )
     now = connection.ops.adapt_datetimefield_value(timezone.now())
+    rows = [(top, top, now, node_id, boot_id) for (node_id, boot_id), top in highest.items()]
     with connection.cursor() as cursor:
-        cursor.executemany(sql, [(seq, now, node_id) for node_id, seq in highest.items()])
+        cursor.executemany(sql, rows)
 
 
 def _table(model: type[models.Model]) -> str:

@@ -160,6 +160,12 @@ async def announce_node(node_id: int, name: str, status: str) -> None:
     )
 
 
+async def announce_nodes(nodes: list[dict[str, Any]]) -> None:
+    """Many nodes' status at once ({"node", "name", "status"} each): one message, not one per node."""
+    if nodes:
+        await get_channel_layer().group_send(FLEET_GROUP, {"type": "fleet.nodes", "nodes": nodes})
+
+
 async def announce_deployment(summary: dict[str, Any]) -> None:
     """A deployment state change made on the server side (launch sent, stop requested)."""
     await get_channel_layer().group_send(FLEET_GROUP, fleet_update([], [summary]))

@@ -132,13 +132,23 @@ def asgi_service(port: int, env: dict[str, str], log_dir: Path) -> Service:
         "--no-access-log",
         "--ws-max-size",
         str(512 * 1024),
+        # Open agent sockets could hold a graceful stop 10 s and more (then SIGKILL): agents replay anyway.
+        "--timeout-graceful-shutdown",
+        "2",
     ]
     return Service("asgi", argv, env, log_dir / "asgi.log")
 
 
-def celery_worker_service(env: dict[str, str], log_dir: Path) -> Service:
-    """The worker of the default queue: hang detection, planning, launches (not notifications)."""
-    return _celery_worker("celery-worker", "celery", 1, "worker", env, log_dir)
+def celery_worker_service(env: dict[str, str], log_dir: Path, queues: str = "celery") -> Service:
+    """The worker of the default queue: planning, launches, storage (not detection, not notifications).
+    Tests that want one worker for everything but mail pass queues="celery,detect"."""
+    return _celery_worker("celery-worker", queues, 1, "worker", env, log_dir)
+
+
+def celery_detect_worker_service(env: dict[str, str], log_dir: Path) -> Service:
+    """The worker of the detect queue (settings.CELERY_TASK_ROUTES): hang detection and silent-node
+    announcements, so that planning, launches and storage work never delay them."""
+    return _celery_worker("celery-detect", "detect", 1, "detect", env, log_dir)
 
 
 def celery_notify_worker_service(env: dict[str, str], log_dir: Path) -> Service:

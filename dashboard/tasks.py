@@ -6,8 +6,11 @@ hand them to `enqueue` (see dashboard/jobs.py for why).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 from asgiref.sync import async_to_sync
@@ -18,23 +21,13 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 from agents import protocol
-from dashboard import alerts, calibration, deploy, detect
+from dashboard import alerts, calibration, deploy, detect, storage
 from dashboard.choices import DeploymentState, DesiredState, NodeStatus
 from dashboard.jobs import DeliverNotifications, Job, LaunchMembers, StopProcesses
-from dashboard.live import agent_group, announce_deployment, announce_node, announce_plan
-from dashboard.models import CanaryProbe, Deployment, GpuSample, LogChunk, Node
+from dashboard.live import agent_group, announce_deployment, announce_nodes, announce_plan
+from dashboard.models import CanaryProbe, Deployment, LogChunk, TaskLease
 
 log = logging.getLogger(__name__)
-
-
-@shared_task(ignore_result=False)
-def prune_old_samples() -> int:
-    """Delete samples and log chunks older than SAMPLE_RETENTION_HOURS; return how many rows went."""
-    cutoff = timezone.now() - timedelta(hours=settings.SAMPLE_RETENTION_HOURS)
-    samples, _ = GpuSample.objects.filter(t__lt=cutoff).delete()
-    logs, _ = LogChunk.objects.filter(t__lt=cutoff).delete()
-    probes, _ = CanaryProbe.objects.filter(t__lt=cutoff).delete()
-    return samples + logs + probes
 
 
 @shared_task(ignore_result=False)
@@ -43,16 +36,53 @@ def measure_deployments() -> int:
     return calibration.measure_recent()
 
 
+@contextmanager
+def single_run(name: str, seconds: float) -> Iterator[bool]:
+    """True for the one run of a periodic task that holds its lease (TaskLease) for up to `seconds`; a run
+    that finds the previous one still going gets False and skips, so that slow runs never pile up."""
+    until = TaskLease.claim(name, seconds)
+    if until is None:
+        log.info("%s: the previous run is still going; this one skips", name)
+    try:
+        yield until is not None
+    finally:
+        if until is not None:
+            TaskLease.release(name, until)
+
+
 @shared_task(ignore_result=False)
-def announce_silent_nodes() -> list[str]:
+def maintain_storage() -> dict[str, int] | None:
+    """Roll raw samples up into the minute and hour tiers and apply each tier's retention (dashboard/storage.py);
+    log chunks and canary probes older than LOG_RETENTION_HOURS go too. Returns the counts (None: skipped, the last still runs)."""
+    with single_run("maintain_storage", 3600) as mine:
+        if not mine:
+            return None
+        now = timezone.now()
+        run = storage.maintain(now)
+        cutoff = now - timedelta(hours=settings.LOG_RETENTION_HOURS)
+        logs, _ = LogChunk.objects.filter(t__lt=cutoff).delete()
+        probes, _ = CanaryProbe.objects.filter(t__lt=cutoff).delete()
+        return {**dataclasses.asdict(run), "deleted_logs": logs, "deleted_probes": probes}
+
+
+@shared_task(ignore_result=False)
+def announce_silent_nodes() -> list[str] | None:
     """Tell browsers about nodes whose agents went silent, whether or not a page saw the socket close."""
-    now, silent = timezone.now(), []
-    for node in Node.objects.filter(last_seen__isnull=False):
-        status = node.status(now)
-        if status != NodeStatus.ONLINE and node.last_seen > now - node.stale_after() * 4:
-            async_to_sync(announce_node)(node.pk, node.name, status)
-            silent.append(node.name)
-    return silent
+    with single_run("announce_silent_nodes", settings.DETECT_LEASE_S) as mine:
+        if not mine:
+            return None
+        now = timezone.now()
+        silent = [
+            {
+                "node": node.pk,
+                "name": node.name,
+                "status": NodeStatus.STALE if node.connected else NodeStatus.OFFLINE,
+            }
+            for node in detect.nodes_seen()
+            if now - node.stale_after() * 4 < node.last_seen < now - node.stale_after()
+        ]
+        async_to_sync(announce_nodes)(silent)
+        return [n["name"] for n in silent]
 
 
 @shared_task(ignore_result=False, acks_late=True, autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
@@ -210,11 +240,15 @@ def send_to_node(node_id: int, frame: str) -> None:
 
 
 @shared_task(ignore_result=True)
-def evaluate_fleet() -> int:
-    """Open an alert for every problem found now; resolve the alerts whose problem is gone."""
-    problems, judged = detect.fleet_problems()
-    enqueue(alerts.sync(problems, judged))
-    return len(problems)
+def evaluate_fleet() -> int | None:
+    """Open an alert for every problem found now; resolve the alerts whose problem is gone. Returns how many
+    problems (None: skipped, the previous run is still going)."""
+    with single_run("evaluate_fleet", settings.DETECT_LEASE_S) as mine:
+        if not mine:
+            return None
+        problems, judged = detect.fleet_problems()
+        enqueue(alerts.sync(problems, judged))
+        return len(problems)
 
 
 @shared_task(ignore_result=False)

@@ -10,7 +10,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from dashboard import calibration, deploy, fleet, mailsink, read, roles, tasks
+from dashboard import calibration, deploy, fleet, fleet_view, mailsink, read, roles, tasks
 from dashboard.browser_json import json_response
 from dashboard.forms import DeployForm
 from dashboard.models import Deployment, Node, PlanRequest
@@ -18,21 +18,45 @@ from dashboard.models import Deployment, Node, PlanRequest
 
 @login_required
 def fleet_page(request: HttpRequest) -> HttpResponse:
-    context = {"nodes": fleet.fleet_overview(), "deployments": fleet.active_deployments()}
+    try:
+        chosen = fleet_view.FleetFilter.from_query(request.GET)
+    except ValueError as exc:
+        return HttpResponse(str(exc), status=400, content_type="text/plain; charset=utf-8")
+    context = {**fleet_view.fleet_page_context(chosen), "deployments": fleet.active_deployments()}
+    page, pages = context["page"], context["pages"]
+    context["prev_query"] = fleet_view.page_query(request.GET, page - 1) if page > 1 else ""
+    context["next_query"] = fleet_view.page_query(request.GET, page + 1) if page < pages else ""
     return render(request, "dashboard/fleet.html", context)
+
+
+def chart_range(request: HttpRequest) -> tuple[str, int]:
+    """The chart range the page asks for (`?range=`, default 15m) and its minutes; ValueError if unknown."""
+    name = request.GET.get("range", "15m")
+    return name, fleet.chart_minutes(name)
+
+
+def bad_range(error: ValueError) -> HttpResponse:
+    return HttpResponse(str(error), status=400, content_type="text/plain; charset=utf-8")
 
 
 @login_required
 def node_page(request: HttpRequest, name: str) -> HttpResponse:
     node = get_object_or_404(Node, name=name)
+    try:
+        range_name, minutes = chart_range(request)
+    except ValueError as exc:
+        return bad_range(exc)
     context = {
         "node": node,
         "gpus": list(node.gpus.all()),
         "grid": fleet.topology_grid(node),
-        "history": fleet.gpu_history(node, minutes=15),
+        "history": fleet.gpu_history(node, minutes=minutes),
         "legend": fleet.link_legend(),
         "gpu_use": read.node_gpus(node),
         "deployments": read.node_deployments(node),
+        "ranges": fleet.CHART_RANGES,
+        "range": range_name,
+        "minutes": minutes,
     }
     return render(request, "dashboard/node.html", context)
 
@@ -42,10 +66,14 @@ def node_history(request: HttpRequest, name: str) -> HttpResponse:
     """The node page's chart points after `after` (unix ms): what a page missed while its socket was down."""
     node = get_object_or_404(Node, name=name)
     try:
+        _, minutes = chart_range(request)
+    except ValueError as exc:
+        return json_response({"error": str(exc)}, status=400)
+    try:
         after = datetime.fromtimestamp(float(request.GET.get("after", "0")) / 1000, tz=UTC)
     except (ValueError, OverflowError, OSError):
         return json_response({"error": "after must be a time in unix milliseconds"}, status=400)
-    return json_response(fleet.gpu_history(node, minutes=15, after=after))
+    return json_response(fleet.gpu_history(node, minutes=minutes, after=after))
 
 
 @login_required
@@ -96,20 +124,28 @@ def deployments_page(request: HttpRequest) -> HttpResponse:
 @login_required
 def deployment_page(request: HttpRequest, pk: str) -> HttpResponse:
     deployment = get_object_or_404(Deployment.objects.select_related("node"), pk=pk)
+    try:
+        range_name, minutes = chart_range(request)
+    except ValueError as exc:
+        return bad_range(exc)
+    gpus = deployment.launch.get("gpus")
     context = {
         "d": deployment,
         "events": deployment.events.all(),
         "log_lines": fleet.log_tail(deployment),
-        "metrics": fleet.metric_history(deployment, minutes=15),
+        "metrics": fleet.metric_history(deployment, minutes=minutes),
         "members": deployment.members.select_related("node"),
         "probes_per_hour": deployment.probes_per_hour(),
-        "gpu_history": fleet.gpu_history(deployment.node, minutes=15, indices=deployment.launch.get("gpus")),
         "measurement": calibration.measure(deployment),
         "gpu_names": {g.pk: f"GPU{g.index}" for g in deployment.node.gpus.all()},
         "access": read.server_access(deployment),
         "measurements": deployment.load_tests.all()[:20],
         "faults": deploy.fault_choices(deployment) if deployment.launch.get("backend") == "simulated" else [],
         "injected": deploy.injected_fault(deployment),
+        "gpu_history": fleet.gpu_history(deployment.node, minutes=minutes, indices=gpus),
+        "ranges": fleet.CHART_RANGES,
+        "range": range_name,
+        "minutes": minutes,
     }
     return render(request, "dashboard/deployment.html", context)
 

@@ -225,7 +225,15 @@ MODEL_DIRS = [Path(d) for d in os.environ.get("MODEL_DIRS", str(VAR_DIR / "model
 CELERY_TASK_SERIALIZER = "json"
 # Notifications have their own queue and worker (runstack starts it with -Q notify): a slow mail server or
 # webhook never delays hang detection (evaluate_fleet) or planning on the default queue.
-CELERY_TASK_ROUTES = {"dashboard.tasks.deliver_notifications": {"queue": "notify"}}
+CELERY_TASK_ROUTES = {
+    "dashboard.tasks.deliver_notifications": {"queue": "notify"},
+    # Detection has its own queue and worker too (runstack: -Q detect): planning and launches never delay it.
+    "dashboard.tasks.evaluate_fleet": {"queue": "detect"},
+    "dashboard.tasks.announce_silent_nodes": {"queue": "detect"},
+}
+# A detection run that finds the previous one still going skips (dashboard.tasks.single_run); a run that
+# died holding the lease loses it after this many seconds.
+DETECT_LEASE_S = envfloat("DETECT_LEASE_S", "60")
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
 
@@ -233,7 +241,12 @@ CELERY_TIMEZONE = "UTC"
 # STALE_AFTER_INTERVALS intervals means the node is shown stale.
 AGENT_INTERVAL = envfloat("AGENT_INTERVAL", "1")
 STALE_AFTER_INTERVALS = envfloat("STALE_AFTER_INTERVALS", "3")
-SAMPLE_RETENTION_HOURS = envfloat("SAMPLE_RETENTION_HOURS", "24")
+# Tiered storage (dashboard/storage.py): raw samples this many hours, then min/avg/max per minute and per hour.
+SAMPLE_RETENTION_HOURS = envfloat("SAMPLE_RETENTION_HOURS", "1")
+MINUTE_RETENTION_DAYS = envfloat("MINUTE_RETENTION_DAYS", "7")
+HOUR_RETENTION_DAYS = envfloat("HOUR_RETENTION_DAYS", "90")
+LOG_RETENTION_HOURS = envfloat("LOG_RETENTION_HOURS", "24")
+STORAGE_EVERY_S = envfloat("STORAGE_EVERY_S", "30")
 INGEST_FLUSH_SECONDS = envfloat("INGEST_FLUSH_SECONDS", "0.25")
 FANOUT_SECONDS = envfloat("FANOUT_SECONDS", "0.5")
 
@@ -348,12 +361,18 @@ LOGGING = {
 }
 
 CELERY_BEAT_SCHEDULE = {
-    "evaluate-fleet": {"task": "dashboard.tasks.evaluate_fleet", "schedule": AGENT_INTERVAL},
+    # A run still queued when the next is due is dropped (expires): a slow worker never works down a backlog.
+    "evaluate-fleet": {
+        "task": "dashboard.tasks.evaluate_fleet",
+        "schedule": AGENT_INTERVAL,
+        "options": {"expires": AGENT_INTERVAL},
+    },
     "announce-silent-nodes": {
         "task": "dashboard.tasks.announce_silent_nodes",
         "schedule": AGENT_INTERVAL * 2,
+        "options": {"expires": AGENT_INTERVAL * 2},
     },
-    "prune-old-samples": {"task": "dashboard.tasks.prune_old_samples", "schedule": 3600.0},
+    "maintain-storage": {"task": "dashboard.tasks.maintain_storage", "schedule": STORAGE_EVERY_S},
     # Catches retries that came due and deliveries whose queued task was lost.
     "deliver-notifications": {"task": "dashboard.tasks.deliver_notifications", "schedule": 30.0},
     "resend-lost-launches": {"task": "dashboard.tasks.resend_lost_launches", "schedule": 10.0},

@@ -107,7 +107,8 @@ def celery_worker(server_env, log_dir, settings):
     point_celery_at(server_env["REDIS_URL"], settings)
     from layercake.celery import app
 
-    worker = stack.celery_worker_service(server_env, log_dir).start()
+    # One worker for the default and the detect queue here; runstack and production give detection its own.
+    worker = stack.celery_worker_service(server_env, log_dir, queues="celery,detect").start()
     yield app
     worker.stop()
 

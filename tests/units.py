@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
 INSTALL_DIR = "/opt/layercake"  # where docs/production.md installs the code; the units' WorkingDirectory
 VENV_PYTHON = f"{INSTALL_DIR}/venv/bin/python"
-SERVER_UNITS = ("layercake-web", "layercake-worker", "layercake-notify", "layercake-beat")
+SERVER_UNITS = ("layercake-web", "layercake-worker", "layercake-detect", "layercake-notify", "layercake-beat")
 
 
 @dataclass

@@ -11,7 +11,19 @@ from dashboard.models.deployments import (
     DeploymentMetric,
     PlanRequest,
 )
-from dashboard.models.fleet import AgentToken, Gpu, GpuSample, Link, LogChunk, Node, NodeModel
+from dashboard.models.fleet import (
+    AgentToken,
+    Gpu,
+    GpuHour,
+    GpuMinute,
+    GpuSample,
+    Link,
+    LogChunk,
+    Node,
+    NodeModel,
+    RollupRun,
+)
+from dashboard.models.leases import TaskLease
 from dashboard.models.measurements import DeploymentMeasurement
 
 __all__ = [
@@ -28,6 +40,8 @@ __all__ = [
     "DeploymentMember",
     "DeploymentMetric",
     "Gpu",
+    "GpuHour",
+    "GpuMinute",
     "GpuSample",
     "Link",
     "LogChunk",
@@ -35,4 +49,6 @@ __all__ = [
     "NodeModel",
     "Notification",
     "PlanRequest",
+    "RollupRun",
+    "TaskLease",
 ]

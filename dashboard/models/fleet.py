@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -201,19 +202,32 @@ class Link(models.Model):
         return LinkClass.of(self.link)
 
 
+class RealField(models.FloatField):
+    """A 4-byte float (`real`): a rollup keeps a tenth of a percent or a watt, not 15 digits, in half the bytes
+    of a double on PostgreSQL (SQLite stores every float in 8 bytes, or fewer when it is a whole number)."""
+
+    def db_type(self, connection: Any) -> str:
+        return "real"
+
+
 class GpuSample(models.Model):
-    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="samples")
+    """One raw sample, kept SAMPLE_RETENTION_HOURS (default 1): the live charts and hang evidence. Longer
+    ranges read the minute and hour rollups (dashboard/storage.py)."""
+
+    # Readings as 4-byte floats (RealField): NVML reports whole percent, MiB and milliwatts; 36 bytes a row
+    # less on PostgreSQL. No index of its own: the unique (gpu, t) index serves every lookup by GPU.
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="samples", db_index=False)
     t = models.DateTimeField()
     seq = models.BigIntegerField()
-    util_gpu = models.FloatField()
-    util_mem = models.FloatField()
-    mem_used_mib = models.FloatField()
-    mem_free_mib = models.FloatField()
-    temp_c = models.FloatField()
-    power_w = models.FloatField()
-    power_limit_w = models.FloatField(null=True, blank=True)
-    sm_clock_mhz = models.FloatField(null=True, blank=True)
-    mem_clock_mhz = models.FloatField(null=True, blank=True)
+    util_gpu = RealField()
+    util_mem = RealField()
+    mem_used_mib = RealField()
+    mem_free_mib = RealField()
+    temp_c = RealField()
+    power_w = RealField()
+    power_limit_w = RealField(null=True, blank=True)
+    sm_clock_mhz = RealField(null=True, blank=True)
+    mem_clock_mhz = RealField(null=True, blank=True)
     throttle_reasons = models.BigIntegerField(default=0)
     ecc_corrected = models.BigIntegerField(null=True, blank=True)
     ecc_uncorrected = models.BigIntegerField(null=True, blank=True)
@@ -222,11 +236,69 @@ class GpuSample(models.Model):
 
     class Meta:
         ordering = ["gpu", "t"]
-        indexes = [models.Index(fields=["gpu", "t"], name="sample_gpu_time")]
         constraints = [models.UniqueConstraint(fields=["gpu", "t"], name="sample_unique_time")]
+        # The few samples that carry XID errors, by time: the fleet's XID rule reads only these, every second.
+        indexes = [models.Index(fields=["t"], name="sample_xid_time", condition=~models.Q(xids=[]))]
 
     def __str__(self) -> str:
         return f"{self.gpu} @ {self.t:%H:%M:%S}"
+
+
+# The rolled-up metrics, named after GpuSample's columns: what the charts draw.
+ROLLUP_METRICS = ("util_gpu", "util_mem", "mem_used_mib", "temp_c", "power_w")
+
+
+class GpuRollup(models.Model):
+    """min/avg/max of each chart metric of one GPU over one bucket (a minute or an hour), built incrementally
+    from the raw samples by dashboard/storage.py. Keyed by (gpu, start) alone: no surrogate id, no other index."""
+
+    pk = models.CompositePrimaryKey("gpu", "start")
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+", db_index=False)
+    start = models.IntegerField(help_text="the bucket's start, unix seconds")
+    n = models.IntegerField(help_text="raw samples in the bucket")
+    util_gpu_min = RealField()
+    util_gpu_avg = RealField()
+    util_gpu_max = RealField()
+    util_mem_min = RealField()
+    util_mem_avg = RealField()
+    util_mem_max = RealField()
+    mem_used_mib_min = RealField()
+    mem_used_mib_avg = RealField()
+    mem_used_mib_max = RealField()
+    temp_c_min = RealField()
+    temp_c_avg = RealField()
+    temp_c_max = RealField()
+    power_w_min = RealField()
+    power_w_avg = RealField()
+    power_w_max = RealField()
+
+    class Meta:
+        abstract = True
+
+
+class GpuMinute(GpuRollup):
+    """Kept MINUTE_RETENTION_DAYS (default 7): the 6 h and 24 h charts."""
+
+    SECONDS = 60
+
+
+class GpuHour(GpuRollup):
+    """Kept HOUR_RETENTION_DAYS (default 90): the 7 d and 90 d charts."""
+
+    SECONDS = 3600
+
+
+class RollupRun(models.Model):
+    """One run of the rollup. `seen_id`: the highest sample id when it started; the next run rolls up to there
+    (an ingest transaction that held lower ids has committed by then). `rolled_id`: rows up to here are in
+    both tiers, so retention may delete them."""
+
+    t = models.DateTimeField(default=timezone.now, db_index=True)
+    seen_id = models.BigIntegerField()
+    rolled_id = models.BigIntegerField()
+
+    class Meta:
+        ordering = ["-t", "-pk"]
 
 
 class LogChunk(models.Model):

@@ -1,7 +1,9 @@
 // Deployment page: live state, tokens/s next to the deployment's GPUs' utilization.
 "use strict";
 const box = document.querySelector(".deployment-detail");
-const WINDOW = 15 * 60 * 1000;
+const figure = document.getElementById("tokens-figure");
+const WINDOW = parseFloat(figure.dataset.minutes) * 60 * 1000;
+const GAP_MS = 3 * parseFloat(figure.dataset.stepS) * 1000; // as dashboard.fleet.GAP_STEPS
 const metrics = JSON.parse(document.getElementById("metrics").textContent);
 const gpuHistory = JSON.parse(document.getElementById("gpu-history").textContent);
 const gpuNames = JSON.parse(document.getElementById("gpu-names").textContent); // GPU id -> "GPU0" as the node names it
@@ -38,6 +40,8 @@ function addEvent(d) {
 }
 
 function push(ds, x, y) {
+  const last = ds.data.length ? ds.data[ds.data.length - 1].x : null;
+  if (last !== null && x - last > GAP_MS) ds.data.push({ x: (x + last) / 2, y: null });
   ds.data.push({ x, y });
   while (ds.data.length && ds.data[0].x < x - WINDOW) ds.data.shift();
 }

@@ -29,14 +29,20 @@ var Live = window.Live || (() => {
     ws.onmessage = (ev) => dispatch(JSON.parse(ev.data));
   }
 
+  function nodeStatus(msg) {
+    if (msg.status === "online") lastSeen.set(String(msg.node), Date.now());
+    markStatus(String(msg.node), msg.status);
+    handlers.node.forEach((h) => h(msg));
+  }
+
   function dispatch(msg) {
     if (msg.type === "fleet.update") {
       for (const n of msg.nodes) { lastSeen.set(String(n.node), Date.now()); markStatus(String(n.node), "online"); }
       handlers.update.forEach((h) => h(msg));
     } else if (msg.type === "fleet.node") {
-      if (msg.status === "online") lastSeen.set(String(msg.node), Date.now());
-      markStatus(String(msg.node), msg.status);
-      handlers.node.forEach((h) => h(msg));
+      nodeStatus(msg);
+    } else if (msg.type === "fleet.nodes") { // many at once (the silent-node sweep): one message, not one each
+      msg.nodes.forEach((n) => nodeStatus({ type: "fleet.node", ...n }));
     } else if (msg.type === "fleet.plan") {
       handlers.plan.forEach((h) => h(msg));
     } else if (msg.type === "fleet.alert") {
@@ -47,8 +53,22 @@ var Live = window.Live || (() => {
   }
 
   const LABELS = { online: "Online", stale: "Stale", offline: "Offline", new: "Never connected" };
+  // The page's elements of each node, indexed once: a fleet tick names up to 1,000 nodes, and an attribute
+  // query of the whole document per node per tick kept the main thread busy.
+  let sections = null;
+  function sectionsOf(nodeId) {
+    if (sections === null) {
+      sections = new Map();
+      document.querySelectorAll("[data-node][data-status]").forEach((el) => {
+        if (!sections.has(el.dataset.node)) sections.set(el.dataset.node, []);
+        sections.get(el.dataset.node).push(el);
+      });
+    }
+    return sections.get(nodeId) || [];
+  }
+
   function markStatus(nodeId, status) {
-    document.querySelectorAll(`[data-node="${nodeId}"]`).forEach((section) => {
+    sectionsOf(nodeId).forEach((section) => {
       if (section.dataset.status === status) return;
       section.dataset.status = status;
       const badge = section.querySelector(".status");

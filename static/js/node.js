@@ -1,11 +1,16 @@
-// Node page: one Chart.js chart per GPU (utilization, memory, temperature, power), last 15 minutes, live.
+// Node page: one Chart.js chart per GPU (utilization, memory, temperature, power) over the chosen range
+// (raw samples live for 15m and 1h; minute or hour averages beyond). A row of nulls is a gap: no line across it.
 "use strict";
-const WINDOW_MS = 15 * 60 * 1000;
-const history = JSON.parse(document.getElementById("history").textContent); // {keys, gpus: {id: [values]}}
+const history = JSON.parse(document.getElementById("history").textContent); // {keys, gpus: {id: [values]}, step_s}
 const section = document.querySelector(".node-detail");
+const chartBox = document.querySelector(".charts");
+const WINDOW_MS = parseFloat(chartBox.dataset.minutes) * 60 * 1000;
+const GAP_MS = 3 * parseFloat(chartBox.dataset.stepS) * 1000; // as dashboard.fleet.GAP_STEPS
+const LIVE = history.tier === "raw"; // longer ranges draw minute or hour averages, not live samples
 const charts = new Map();
 
 function series(points, key) { return points.map((p) => ({ x: p.t, y: p[key] })); }
+function memoryPct(p, memTotal) { return p.mem_used === null ? null : (100 * p.mem_used) / memTotal; }
 
 function makeChart(figure) {
   const gpuId = figure.dataset.gpu;
@@ -15,7 +20,7 @@ function makeChart(figure) {
     type: "line",
     data: { datasets: [
       { label: "util %", data: series(points, "util"), yAxisID: "pct", borderColor: "#1e88e5", pointRadius: 0, borderWidth: 1.5 },
-      { label: "memory %", data: points.map((p) => ({ x: p.t, y: (100 * p.mem_used) / memTotal })), yAxisID: "pct", borderColor: "#8e24aa", pointRadius: 0, borderWidth: 1.5 },
+      { label: "memory %", data: points.map((p) => ({ x: p.t, y: memoryPct(p, memTotal) })), yAxisID: "pct", borderColor: "#8e24aa", pointRadius: 0, borderWidth: 1.5 },
       { label: "temp °C", data: series(points, "temp"), yAxisID: "pct", borderColor: "#f4511e", pointRadius: 0, borderWidth: 1 },
       { label: "power W", data: series(points, "power"), yAxisID: "watts", borderColor: "#43a047", pointRadius: 0, borderWidth: 1 },
     ] },
@@ -35,9 +40,10 @@ function makeChart(figure) {
 document.querySelectorAll("figure.chart").forEach(makeChart);
 
 function addPoint(entry, x, point) {
-  const values = [point.util, (100 * point.mem_used) / entry.memTotal, point.temp, point.power];
+  const values = [point.util, memoryPct(point, entry.memTotal), point.temp, point.power];
   entry.chart.data.datasets.forEach((ds, i) => {
     const last = ds.data.length ? ds.data[ds.data.length - 1].x : -Infinity;
+    if (x > last && x - last > GAP_MS && last > -Infinity) ds.data.push({ x: (x + last) / 2, y: null });
     if (x > last) ds.data.push({ x, y: values[i] });
     else if (!ds.data.some((d) => d.x === x)) { ds.data.push({ x, y: values[i] }); ds.data.sort((a, b) => a.x - b.x); }
     while (ds.data.length && ds.data[0].x < x - WINDOW_MS) ds.data.shift();
@@ -45,6 +51,7 @@ function addPoint(entry, x, point) {
 }
 
 Live.onUpdate((msg) => {
+  if (!LIVE) return;
   const mine = msg.nodes.find((n) => String(n.node) === section.dataset.node);
   if (!mine) return;
   const x = mine.t * 1000;
@@ -68,8 +75,8 @@ function newestPoint() {
 }
 
 Live.onOpen(async (opens) => {
-  if (opens < 2) return;
-  const response = await fetch(`${location.pathname}history.json?after=${newestPoint()}`);
+  if (opens < 2 || !LIVE) return;
+  const response = await fetch(`${location.pathname}history.json?range=${chartBox.dataset.range}&after=${newestPoint()}`);
   if (!response.ok) return;
   const missed = await response.json();
   for (const [gpuId, points] of Object.entries(missed.gpus)) {

@@ -5,15 +5,15 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from dashboard.models import Gpu, GpuSample, Node
+from dashboard.models import Gpu, GpuMinute, GpuSample, Node, RollupRun
 
 pytestmark = pytest.mark.slow
 
 
-def test_it_prunes_samples_past_retention_through_a_real_worker(celery_worker):
+def test_it_rolls_up_and_prunes_samples_through_a_real_worker(celery_worker):
     node = Node.objects.create(name="a30-seed")
     gpu = Gpu.objects.create(node=node, index=0, uuid="GPU-0", name="NVIDIA A30", memory_total_mib=24576)
-    for age_h, seq in ((30, 1), (1, 2)):
+    old, young = (
         GpuSample.objects.create(
             gpu=gpu,
             t=timezone.now() - timedelta(hours=age_h),
@@ -25,10 +25,16 @@ def test_it_prunes_samples_past_retention_through_a_real_worker(celery_worker):
             temp_c=30,
             power_w=50,
         )
-    from dashboard.tasks import prune_old_samples
+        for age_h, seq in ((3, 1), (0, 2))
+    )
+    # A run two hours ago saw the old row (and nothing newer): this run folds it, and it is past the window.
+    RollupRun.objects.create(t=timezone.now() - timedelta(hours=2), seen_id=old.pk, rolled_id=0)
+    from dashboard.tasks import maintain_storage
 
-    assert prune_old_samples.delay().get(timeout=60) == 1
+    counts = maintain_storage.delay().get(timeout=60)
+    assert (counts["rolled"], counts["deleted_raw"]) == (old.pk, 1)
     assert list(GpuSample.objects.values_list("seq", flat=True)) == [2]
+    assert GpuMinute.objects.get(gpu=gpu).n == 1
 
 
 def test_it_names_nodes_that_went_silent(celery_worker):

@@ -203,7 +203,7 @@ def test_it_keeps_detecting_while_a_webhook_receiver_hangs(
     webhook(owner, silent_receiver)
     first, second = (Node.objects.create(name=name, last_seen=timezone.now()) for name in ("first", "second"))
     services = [
-        stack.celery_worker_service(env, log_dir).start(),
+        stack.celery_worker_service(env, log_dir, queues="celery,detect").start(),
         stack.celery_notify_worker_service(env, log_dir).start(),
         stack.celery_beat_service(env, log_dir).start(),
     ]

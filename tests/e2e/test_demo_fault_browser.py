@@ -40,7 +40,7 @@ def server_env(server_env, mail_sink, tmp_path):
 def demo(live_stack, server_env, log_dir, settings, tmp_path, alice):
     point_celery_at(server_env["REDIS_URL"], settings)
     services = [
-        stack.celery_worker_service(server_env, log_dir).start(),
+        stack.celery_worker_service(server_env, log_dir, queues="celery,detect").start(),
         stack.celery_notify_worker_service(server_env, log_dir).start(),
         stack.celery_beat_service(server_env, log_dir).start(),
     ]

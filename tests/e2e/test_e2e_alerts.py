@@ -52,7 +52,7 @@ def watched_stack(live_stack, server_env, log_dir, inbox, settings, alice, tmp_p
     }
     point_celery_at(server_env["REDIS_URL"], settings)
     services = [
-        stack.celery_worker_service(env, log_dir).start(),
+        stack.celery_worker_service(env, log_dir, queues="celery,detect").start(),
         stack.celery_notify_worker_service(env, log_dir).start(),
         stack.celery_beat_service(env, log_dir).start(),
     ]

@@ -310,7 +310,7 @@ def test_it_deploys_on_the_production_shape_and_streams_its_samples(production, 
     feed.wait_for(samples_after(ids["rtx4090-box"], ready_at, gpus=2), timeout=15, what="rtx4090-box samples")
     assert re.search(r'id="state">(Ready|Serving)<', operator.get(f"/deployments/{deployment}/").text)
     wait_until(
-        lambda: re.search(r"evaluate_fleet\[[\w-]+\] succeeded", production.log("layercake-worker")),
+        lambda: re.search(r"evaluate_fleet\[[\w-]+\] succeeded", production.log("layercake-detect")),
         timeout=30,
         what="beat's evaluate_fleet run by the worker",
     )

@@ -175,7 +175,13 @@ def test_it_protects_the_embedded_redis_with_a_password_every_child_has(demo):
         anonymous.ping()
     url = f"redis://:{(demo.var / 'redis-password').read_text().strip()}@127.0.0.1:{port}/0"
     assert stack.redis_answers(url)
-    for needle in ("uvicorn", "worker -Q celery", "worker -Q notify", "celery -A layercake beat"):
+    for needle in (
+        "uvicorn",
+        "worker -Q celery",
+        "worker -Q detect",
+        "worker -Q notify",
+        "celery -A layercake beat",
+    ):
         environ = Path(f"/proc/{demo.child(needle)}/environ").read_bytes().split(b"\0")
         assert f"REDIS_URL={url}".encode() in environ, needle  # Channels layer, Celery broker and results
     assert (demo.var / "redis-password").read_text().strip() not in " ".join(demo.children().values())

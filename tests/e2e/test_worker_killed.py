@@ -92,7 +92,9 @@ class Rig:
 
     def start_worker(self, name: str, **env: str) -> stack.Service:
         (self.log_dir / name).mkdir()
-        return self.start(stack.celery_worker_service({**self.env, **env}, self.log_dir / name))
+        return self.start(
+            stack.celery_worker_service({**self.env, **env}, self.log_dir / name, queues="celery,detect")
+        )
 
     def worker_log(self, name: str) -> str:
         return (self.log_dir / name / "celery-worker.log").read_text()

@@ -1,5 +1,5 @@
 """`python manage.py runstack`: Redis (embedded unless REDIS_URL), the ASGI server, Celery workers (the
-default queue, and the notify queue for alert delivery) and beat, and a demo fleet of simulated agents. Each is
+default queue, the detect queue for hang detection and the notify queue for alert delivery) and beat, and a demo fleet of simulated agents. Each is
 checked ready before the stack says it is running; a child that exits later is restarted with backoff. Ctrl-C
 stops everything."""
 
@@ -112,6 +112,9 @@ SERVER_COMPONENTS = [
         "asgi", lambda c: stack.asgi_service(c.port, c.env, c.log_dir), login_page_answers, blocking=True
     ),
     Component("celery-worker", lambda c: stack.celery_worker_service(c.env, c.log_dir), worker_answers),
+    Component(
+        "celery-detect", lambda c: stack.celery_detect_worker_service(c.env, c.log_dir), worker_answers
+    ),
     Component(
         "celery-notify", lambda c: stack.celery_notify_worker_service(c.env, c.log_dir), worker_answers
     ),

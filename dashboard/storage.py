@@ -1,0 +1,138 @@
+"""Tiered sample storage: raw samples for a short window, minute and hour rollups for the long charts.
+
+At 1,000 nodes x 8 GPUs at 1 s, keeping every raw sample a day is 691 million rows. So raw rows live
+SAMPLE_RETENTION_HOURS (default 1: the 15-minute live charts and hang evidence), and `roll_up` folds them,
+each raw row read once, into min/avg/max per GPU per minute (kept MINUTE_RETENTION_DAYS) and per hour (kept
+HOUR_RETENTION_DAYS). It works by sample id, not by time: a sample an agent replays late (it buffered while
+the server was away) is merged into its minute and hour when it arrives, not lost from them.
+
+Retention deletes in bounded batches (one short transaction each), raw rows only once they are rolled up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Max
+
+from dashboard.models import Gpu, GpuHour, GpuMinute, GpuSample, RollupRun
+from dashboard.models.fleet import ROLLUP_METRICS, GpuRollup
+
+ROLL_CHUNK_IDS = 500_000  # raw ids folded per transaction: a backlog after downtime goes in bounded steps
+DELETE_BATCH = 20_000  # raw rows deleted per transaction
+GPU_BATCH = 500  # GPUs whose expired rollups are deleted per statement
+TIERS = (GpuMinute, GpuHour)
+
+
+@dataclass
+class StorageRun:
+    rolled: int = 0  # raw ids folded into the tiers
+    deleted_raw: int = 0
+    deleted_minutes: int = 0
+    deleted_hours: int = 0
+
+
+def maintain(now: datetime) -> StorageRun:
+    """One periodic pass: roll up what the previous pass saw, then apply every tier's retention."""
+    run = StorageRun(rolled=roll_up(now))
+    run.deleted_raw = prune_raw(now - timedelta(hours=settings.SAMPLE_RETENTION_HOURS))
+    run.deleted_minutes = prune_tier(GpuMinute, now - timedelta(days=settings.MINUTE_RETENTION_DAYS))
+    run.deleted_hours = prune_tier(GpuHour, now - timedelta(days=settings.HOUR_RETENTION_DAYS))
+    return run
+
+
+def roll_up(now: datetime) -> int:
+    """Fold raw rows with ids up to the previous run's `seen_id` into both tiers; return how many ids.
+
+    Not up to the newest id: on PostgreSQL an ingest transaction takes its ids before it commits, so a
+    higher id can be visible while a lower one is not yet. One run later (tens of seconds) it has committed.
+    """
+    seen = GpuSample.objects.aggregate(top=Max("pk"))["top"] or 0
+    last = RollupRun.objects.first()
+    start, end = (last.rolled_id, last.seen_id) if last else (0, 0)
+    for low in range(start, end, ROLL_CHUNK_IDS):
+        high = min(low + ROLL_CHUNK_IDS, end)
+        with transaction.atomic():
+            for tier in TIERS:
+                _fold(tier, low, high)
+            RollupRun.objects.create(t=now, seen_id=seen, rolled_id=high)
+    if start == end:
+        RollupRun.objects.create(t=now, seen_id=seen, rolled_id=end)
+    return end - start
+
+
+def _fold(tier: type[GpuRollup], low: int, high: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(_fold_sql(tier), [low, high])
+
+
+def _fold_sql(tier: type[GpuRollup]) -> str:
+    """INSERT the raw rows' buckets, merging into a bucket already there (a late sample)."""
+    q = connection.ops.quote_name
+    table, raw = q(tier._meta.db_table), q(GpuSample._meta.db_table)
+    stats = [f"{m}_{s}" for m in ROLLUP_METRICS for s in ("min", "avg", "max")]
+    select = ", ".join(f"{fn}({q(m)})" for m in ROLLUP_METRICS for fn in ("MIN", "AVG", "MAX"))
+    return (
+        f"INSERT INTO {table} (gpu_id, start, n, {', '.join(stats)}) "
+        f"SELECT gpu_id, {bucket_sql(tier.SECONDS)} AS b, COUNT(*), {select} FROM {raw} "
+        f"WHERE id > %s AND id <= %s GROUP BY gpu_id, b "
+        f"ON CONFLICT (gpu_id, start) DO UPDATE SET {_merge_sql(table)}"
+    )
+
+
+def _merge_sql(table: str) -> str:
+    least, greatest = ("LEAST", "GREATEST") if connection.vendor == "postgresql" else ("MIN", "MAX")
+    merged = []
+    for m in ROLLUP_METRICS:
+        merged.append(f"{m}_min = {least}({table}.{m}_min, excluded.{m}_min)")
+        merged.append(f"{m}_max = {greatest}({table}.{m}_max, excluded.{m}_max)")
+        merged.append(
+            f"{m}_avg = ({table}.{m}_avg * {table}.n + excluded.{m}_avg * excluded.n) / ({table}.n + excluded.n)"
+        )
+    return ", ".join([*merged, f"n = {table}.n + excluded.n"])
+
+
+def tier_for(minutes: float) -> type[GpuRollup] | None:
+    """The tier a chart of the last `minutes` reads: None for raw samples (within the raw window), the
+    minute tier up to a day (1,440 points), else the hour tier (a week: 168 points, 90 days: 2,160)."""
+    if minutes <= settings.SAMPLE_RETENTION_HOURS * 60:
+        return None
+    return GpuMinute if minutes <= 24 * 60 else GpuHour
+
+
+def bucket_sql(seconds: int, column: str = "t") -> str:
+    """SQL for the unix second at the start of the `seconds`-long bucket a time column falls in."""
+    if connection.vendor == "postgresql":
+        return f"(FLOOR(EXTRACT(EPOCH FROM {column}) / {seconds}) * {seconds})::integer"
+    return f"(CAST(strftime('%%s', {column}) AS INTEGER) / {seconds} * {seconds})"
+
+
+def prune_raw(cutoff: datetime) -> int:
+    """Delete raw rows stored before `cutoff` that are rolled up, DELETE_BATCH ids per transaction.
+
+    By id, not by time: ids grow with arrival, so this walks the primary key (raw rows have no time index
+    of their own), and a row is kept at least the raw window after it arrived."""
+    expired, latest = RollupRun.objects.filter(t__lt=cutoff).first(), RollupRun.objects.first()
+    first = GpuSample.objects.order_by("pk").values_list("pk", flat=True).first()
+    if expired is None or latest is None or first is None:
+        return 0
+    upto, deleted = min(expired.seen_id, latest.rolled_id), 0
+    for low in range(first - 1, upto, DELETE_BATCH):
+        with transaction.atomic():
+            deleted += GpuSample.objects.filter(pk__gt=low, pk__lte=min(low + DELETE_BATCH, upto)).delete()[0]
+    RollupRun.objects.filter(t__lt=expired.t).delete()  # the newest expired run is all the next pass needs
+    return deleted
+
+
+def prune_tier(tier: type[GpuRollup], cutoff: datetime) -> int:
+    """Delete a tier's buckets older than `cutoff`, GPU_BATCH GPUs per statement (their primary key range)."""
+    gpu_ids = list(Gpu.objects.order_by("pk").values_list("pk", flat=True))
+    deleted, before = 0, int(cutoff.timestamp())
+    for i in range(0, len(gpu_ids), GPU_BATCH):
+        with transaction.atomic():
+            rows = tier.objects.filter(gpu_id__in=gpu_ids[i : i + GPU_BATCH], start__lt=before)
+            deleted += rows.delete()[0]
+    return deleted

@@ -1,0 +1,117 @@
+"""The fleet page at fleet size: summary line, GPU heatmap, filters, sorting and pages (server side)."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from dashboard import fleet_view
+from dashboard.choices import DeploymentState
+from dashboard.models import Alert, Deployment, GpuSample, Node
+from tests import storm
+
+pytestmark = pytest.mark.django_db
+
+
+def load(nodes: list[Node], utils: list[float]) -> None:
+    """Each node's GPUs report `util` %, node by node."""
+    rows = [
+        GpuSample(
+            gpu=gpu,
+            t=timezone.now(),
+            seq=1,
+            util_gpu=util,
+            util_mem=1,
+            mem_used_mib=2048,
+            mem_free_mib=22528,
+            temp_c=40,
+            power_w=90,
+        )
+        for node, util in zip(nodes, utils, strict=True)
+        for gpu in node.gpus.all()
+    ]
+    GpuSample.objects.bulk_create(rows)
+
+
+@pytest.fixture
+def fleet() -> list[Node]:
+    nodes = storm.fleet(4, timezone.now(), prefix="gpu", gpus=2)
+    load(nodes[:3], [95, 0, 40])  # gpu-0003 has not sampled
+    storm.silence(nodes[2:3], 30)  # gpu-0002 went quiet
+    Deployment.objects.create(
+        id="d", name="d", node=nodes[1], plan={}, launch={}, state=DeploymentState.SERVING
+    )
+    Alert.objects.create(key="k", kind="xid", title="t", cause="c", remedy="r", node=nodes[3])
+    return nodes
+
+
+def page(client, alice, query: str = "") -> str:
+    client.force_login(alice)
+    response = client.get(f"/?{query}")
+    assert response.status_code == 200, response.content[:300]
+    return response.content.decode()
+
+
+def cards(html: str) -> list[str]:
+    return re.findall(r'<section class="node".*?<a href="/nodes/([^/]+)/', html, re.S)
+
+
+def test_it_sums_up_the_fleet_in_one_line(client, alice, fleet):
+    html = page(client, alice)
+    line = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html.split('id="fleet-summary">')[1].split("</p>")[0]))
+    assert "4 nodes: 3 online 1 stale" in line
+    assert "GPUs 2 busy, 2 idle, 4 silent" in line and "1 serving" in line and "1 open alert" in line
+
+
+def test_it_draws_one_heatmap_cell_per_gpu_coloured_by_utilization(client, alice, fleet):
+    html = page(client, alice)
+    heatmap = html.split('id="heatmap"')[1].split("</div>")[0]
+    classes = re.findall(r'<i class="(u\w+)" data-g', heatmap)
+    assert classes == ["u10", "u10", "u0", "u0", "u4", "u4", "ux", "ux"]
+    assert heatmap.count('href="/nodes/gpu-0000/"') == 1
+
+
+@pytest.mark.parametrize(
+    ("query", "shown"),
+    [
+        ("q=0001", ["gpu-0001"]),
+        ("state=stale", ["gpu-0002"]),
+        ("load=busy", ["gpu-0000"]),
+        ("load=idle", ["gpu-0001"]),
+        ("deployed=on", ["gpu-0001"]),
+        ("alerting=on", ["gpu-0003"]),
+        ("simulated=yes", []),
+        ("model=NVIDIA+A30&sort=util", ["gpu-0000", "gpu-0002", "gpu-0001", "gpu-0003"]),
+    ],
+)
+def test_it_filters_and_sorts_the_node_list(client, alice, fleet, query, shown):
+    assert cards(page(client, alice, query)) == shown
+
+
+def test_it_pages_the_node_list_keeping_the_filters(client, alice, fleet, monkeypatch):
+    monkeypatch.setattr(fleet_view, "PAGE_SIZE", 3)
+    first = page(client, alice, "sort=util")
+    assert cards(first) == ["gpu-0000", "gpu-0002", "gpu-0001"] and "page 1 of 2" in first
+    assert 'href="?sort=util&amp;page=2"' in first
+    assert cards(page(client, alice, "sort=util&page=2")) == ["gpu-0003"]
+
+
+@pytest.mark.parametrize(
+    ("query", "named"), [("state=lost", "state must be one of"), ("page=0", "page must")]
+)
+def test_it_names_a_filter_it_does_not_understand(client, alice, fleet, query, named):
+    client.force_login(alice)
+    response = client.get(f"/?{query}")
+    assert response.status_code == 400 and named in response.content.decode()
+
+
+def test_it_keeps_the_page_small_at_a_thousand_nodes_of_eight_gpus(client, alice):
+    nodes = storm.fleet(1000, timezone.now() - timedelta(seconds=1), prefix="big", gpus=8)
+    load(nodes[:100], [50.0] * 100)
+    html = page(client, alice)
+    assert len(cards(html)) == fleet_view.PAGE_SIZE
+    assert html.count("<i class=") == 8000
+    assert len(html.encode()) < 700_000, len(html.encode())

@@ -1,0 +1,124 @@
+"""Tiered sample storage: raw rows rolled up into minute and hour buckets, retention in bounded batches."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from dashboard import storage
+from dashboard.models import Gpu, GpuHour, GpuMinute, GpuSample, Node, RollupRun
+
+pytestmark = pytest.mark.django_db
+T0 = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def gpu() -> Gpu:
+    node = Node.objects.create(name="a30-seed")
+    return Gpu.objects.create(node=node, index=0, uuid="GPU-0", name="NVIDIA A30", memory_total_mib=24576)
+
+
+def add_sample(gpu: Gpu, t: datetime, util: float, power: float = 100.0) -> GpuSample:
+    return GpuSample.objects.create(
+        gpu=gpu,
+        t=t,
+        seq=int(t.timestamp()),
+        util_gpu=util,
+        util_mem=util / 2,
+        mem_used_mib=1000 + util,
+        mem_free_mib=20000,
+        temp_c=40,
+        power_w=power,
+    )
+
+
+def roll_twice(now: datetime) -> None:
+    """The first run only notes the newest id; the second folds up to it."""
+    storage.roll_up(now)
+    storage.roll_up(now + timedelta(seconds=30))
+
+
+def test_it_rolls_raw_samples_into_minute_and_hour_buckets(gpu):
+    for second, util in ((0, 10), (20, 30), (40, 50), (70, 90)):
+        add_sample(gpu, T0 + timedelta(seconds=second), util, power=100 + second)
+    roll_twice(T0 + timedelta(minutes=2))
+    first, second = GpuMinute.objects.filter(gpu=gpu).order_by("start")
+    assert (first.start, first.n, first.util_gpu_min, first.util_gpu_avg, first.util_gpu_max) == (
+        int(T0.timestamp()),
+        3,
+        10,
+        30,
+        50,
+    )
+    assert (first.power_w_min, first.power_w_max, second.n, second.util_gpu_avg) == (100, 140, 1, 90)
+    hour = GpuHour.objects.get(gpu=gpu)
+    assert (hour.start, hour.n, hour.util_gpu_avg, hour.util_gpu_max) == (int(T0.timestamp()), 4, 45, 90)
+
+
+def test_it_merges_a_sample_that_arrives_after_its_minute_was_rolled_up(gpu):
+    add_sample(gpu, T0, 10)
+    roll_twice(T0 + timedelta(minutes=1))
+    add_sample(gpu, T0 + timedelta(seconds=5), 40)  # replayed late by an agent that buffered it
+    roll_twice(T0 + timedelta(minutes=2))
+    minute = GpuMinute.objects.get(gpu=gpu)
+    assert (minute.n, minute.util_gpu_min, minute.util_gpu_avg, minute.util_gpu_max) == (2, 10, 25, 40)
+    assert GpuHour.objects.get(gpu=gpu).n == 2
+
+
+def test_it_folds_each_raw_row_once_however_often_it_runs(gpu):
+    add_sample(gpu, T0, 10)
+    for k in range(5):
+        storage.roll_up(T0 + timedelta(seconds=30 * k))
+    assert GpuMinute.objects.get(gpu=gpu).n == 1 and GpuHour.objects.get(gpu=gpu).n == 1
+
+
+def test_it_folds_only_ids_the_previous_run_saw(gpu):
+    storage.roll_up(T0)
+    add_sample(gpu, T0, 10)  # stored after the first run looked: the second run must not take it yet
+    storage.roll_up(T0 + timedelta(seconds=30))
+    assert not GpuMinute.objects.exists()
+    storage.roll_up(T0 + timedelta(seconds=60))
+    assert GpuMinute.objects.get(gpu=gpu).n == 1
+
+
+def test_it_deletes_raw_rows_past_the_window_in_batches_once_rolled_up(gpu, monkeypatch, settings):
+    settings.SAMPLE_RETENTION_HOURS = 1
+    monkeypatch.setattr(storage, "DELETE_BATCH", 7)
+    old = [add_sample(gpu, T0 + timedelta(seconds=s), 1) for s in range(25)]
+    roll_twice(T0)
+    young = add_sample(gpu, T0 + timedelta(minutes=90), 2)  # arrived after the runs that saw the old rows
+    assert storage.prune_raw(T0 + timedelta(minutes=1)) == len(old)
+    assert list(GpuSample.objects.values_list("pk", flat=True)) == [young.pk]
+    assert GpuMinute.objects.get(gpu=gpu).n == 25  # the rollups keep what the raw rows said
+
+
+def test_it_keeps_raw_rows_that_are_not_rolled_up_yet(gpu):
+    storage.roll_up(T0)  # saw nothing
+    add_sample(gpu, T0, 1)
+    storage.roll_up(T0 + timedelta(seconds=30))  # saw the row, folded nothing yet
+    assert storage.prune_raw(T0 + timedelta(hours=5)) == 0
+    assert GpuSample.objects.count() == 1
+
+
+def test_it_deletes_expired_minute_and_hour_buckets_only(gpu, settings):
+    settings.MINUTE_RETENTION_DAYS, settings.HOUR_RETENTION_DAYS = 7, 90
+    add_sample(gpu, T0, 1)
+    add_sample(gpu, T0 - timedelta(days=8), 2)
+    add_sample(gpu, T0 - timedelta(days=91), 3)
+    roll_twice(T0)
+    run = storage.maintain(T0)
+    assert (run.deleted_minutes, run.deleted_hours) == (2, 1)
+    assert sorted(GpuMinute.objects.values_list("util_gpu_avg", flat=True)) == [1]
+    assert sorted(GpuHour.objects.values_list("util_gpu_avg", flat=True)) == [1, 2]
+
+
+def test_it_forgets_runs_older_than_the_newest_expired_one(gpu):
+    add_sample(gpu, T0, 1)
+    for hours in (0, 1, 2, 3):
+        storage.roll_up(T0 + timedelta(hours=hours))
+    storage.prune_raw(T0 + timedelta(hours=2, minutes=30))
+    assert sorted(RollupRun.objects.values_list("t", flat=True)) == [
+        T0 + timedelta(hours=2),
+        T0 + timedelta(hours=3),
+    ]
