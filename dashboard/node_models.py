@@ -57,13 +57,29 @@ def _as_dict(row: NodeModel) -> dict[str, Any]:
     }
 
 
+def offered_models(node: str | None = None) -> list[dict[str, Any]]:
+    """What the deploy form's model field offers, in its order: each reported model (value: its path on the
+    node), then every catalog name (value: the name). With `node`, only the models that node reported."""
+    reported = [{**m, "value": m["path"], "source": "reported"} for m in reported_models(node)]
+    if node is not None:
+        return reported
+    return reported + [_catalog_entry(name) for name in catalog_names()]
+
+
+def _catalog_entry(name: str) -> dict[str, Any]:
+    empty = ("node", "path", "format", "architecture", "quantization", "size_bytes", "size_label")
+    return {"name": name, "value": name, "source": "catalog", **dict.fromkeys(empty), "plannable": True}
+
+
 def model_options() -> list[tuple[str, str]]:
-    """(value, label) for the deploy form's model field: each reported model by its path on the node, then
-    every catalog name."""
-    reported = [
-        (m["path"], f"{m['name']} on {m['node']} ({', '.join(_facts(m))})") for m in reported_models()
-    ]
-    return reported + [(name, "built-in catalog") for name in catalog_names()]
+    """(value, label) for the deploy form's model field, from `offered_models`."""
+    return [(m["value"], _label(m)) for m in offered_models()]
+
+
+def _label(model: dict[str, Any]) -> str:
+    if model["source"] == "catalog":
+        return "built-in catalog"
+    return f"{model['name']} on {model['node']} ({', '.join(_facts(model))})"
 
 
 def _facts(model: dict[str, Any]) -> list[str]:

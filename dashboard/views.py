@@ -139,7 +139,7 @@ def deployment_page(request: HttpRequest, pk: str) -> HttpResponse:
         "measurement": calibration.measure(deployment),
         "gpu_names": {g.pk: f"GPU{g.index}" for g in deployment.node.gpus.all()},
         "access": read.server_access(deployment),
-        "measurements": deployment.load_tests.all()[:20],
+        "measurements": deployment.recent_load_tests(),
         "faults": deploy.fault_choices(deployment) if deployment.launch.get("backend") == "simulated" else [],
         "injected": deploy.injected_fault(deployment),
         "gpu_history": fleet.gpu_history(deployment.node, minutes=minutes, indices=gpus),

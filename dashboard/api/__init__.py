@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ninja import NinjaAPI
 
-from dashboard.api import agent_tokens, alerts, deployments, errors, nodes, plans
+from dashboard.api import agent_tokens, alerts, deployments, errors, model_choices, nodes, plans
 from dashboard.api.auth import AUTH
 
 api = NinjaAPI(
@@ -24,6 +24,7 @@ api = NinjaAPI(
 errors.install(api)
 api.add_router("/nodes/", nodes.router)
 api.add_router("/", plans.router)
+api.add_router("/models/", model_choices.router)
 api.add_router("/deployments/", deployments.router)
 api.add_router("/alerts/", alerts.router)
 api.add_router("/agent-tokens/", agent_tokens.router)

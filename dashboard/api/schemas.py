@@ -8,7 +8,7 @@ from typing import Any
 
 from ninja import Field, Schema
 
-from dashboard import fleet
+from dashboard import calibration, fleet
 
 
 class ErrorBody(Schema):
@@ -180,6 +180,25 @@ class CheckOut(Schema):
     )
 
 
+# ---- models --------------------------------------------------------------------------------------------------
+class ModelOut(Schema):
+    """One choice of the deploy form's model field; the facts are the agent's (null for catalog models)."""
+
+    name: str
+    value: str = Field(
+        description="what to send as a plan's `model`: the path on the node, or the catalog name"
+    )
+    source: str = Field(description="reported (found by a node's agent in its --model-dir) or catalog")
+    node: str | None
+    path: str | None
+    format: str | None = Field(description="hf (a config.json folder) or gguf")
+    architecture: str | None
+    quantization: str | None
+    size_bytes: int | None
+    size_label: str | None = Field(description="the parameter count the checkpoint states, e.g. 8B")
+    plannable: bool = Field(description="the planner can plan it (config reported, or a catalog name)")
+
+
 # ---- deployments ---------------------------------------------------------------------------------------------
 class DeploymentIn(Schema):
     plan_request: int = Field(description="the id of a finished plan request")
@@ -264,11 +283,83 @@ class DeploymentOut(Schema):
         ]
 
 
+class ComparisonOut(Schema):
+    quantity: str = Field(description="weights per GPU (GiB), KV cache (tokens) or decode per stream (tok/s)")
+    predicted: float | None
+    measured: float | None
+    ratio: float | None = Field(description="measured / predicted")
+
+
+class CalibrationKeyOut(Schema):
+    gpu: str
+    backend: str
+    link: str = Field(description="the TP link class")
+
+
+class StartupOut(Schema):
+    kv_cache_gib: float | None
+    max_concurrency: float | None
+
+
+class PredictedVsMeasuredOut(Schema):
+    """The deployment page's "Predicted against measured" table (dashboard.calibration.predicted_vs_measured)."""
+
+    calibration_key: CalibrationKeyOut
+    fleet_factor: float = Field(description="the fleet calibration factor the plan was made with")
+    streams: float | None = Field(description="median requests running while decoding")
+    total_tok_s: float | None = Field(description="median decode tokens/s over all streams")
+    decode_intervals: int = Field(description="metric intervals the decode figures use")
+    startup: StartupOut
+    rows: list[ComparisonOut] = Field(description="one per quantity, as the page's table")
+
+
+class LoadTestOut(Schema):
+    """One "Measure" run through the agent (a DeploymentLoadTest)."""
+
+    request: str
+    created: datetime
+    created_by: str | None
+    status: str = Field(description="running, done or failed")
+    error: str
+    streams: int = Field(description="concurrent requests")
+    max_tokens: int
+    backend: str
+    predicted_tok_s: float | None = Field(description="the plan's predicted decode tokens/s per stream")
+    completed: int | None
+    tokens: int | None
+    seconds: float | None
+    tok_s_per_stream: float | None
+    tok_s_total: float | None
+    ttft_s: float | None = Field(description="mean time to first token")
+    itl_s: float | None = Field(description="mean inter-token latency")
+    ratio: float | None = Field(description="measured per stream / predicted")
+
+    @staticmethod
+    def resolve_created_by(obj: Any) -> str | None:
+        return obj.created_by.get_username() if obj.created_by else None
+
+    @staticmethod
+    def resolve_ratio(obj: Any) -> float | None:
+        return obj.ratio_to_prediction()
+
+
 class DeploymentDetailOut(DeploymentOut):
     events: list[EventOut] = Field(description="the lifecycle, oldest first")
     plan: dict[str, Any]
     launch: dict[str, Any] = Field(description="the command the agent got (agents/protocol.py Launch)")
     log_tail: list[str] = Field(description="the newest lines of the server's log, as the page shows them")
+    predicted_vs_measured: PredictedVsMeasuredOut = Field(description="measured when asked, as on the page")
+    load_tests: list[LoadTestOut] = Field(
+        description="the Measure runs, newest first (as many as the page shows)"
+    )
+
+    @staticmethod
+    def resolve_predicted_vs_measured(obj: Any) -> dict[str, Any]:
+        return calibration.predicted_vs_measured(obj)
+
+    @staticmethod
+    def resolve_load_tests(obj: Any) -> list[Any]:
+        return list(obj.recent_load_tests())
 
     @staticmethod
     def resolve_events(obj: Any) -> list[Any]:

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
+from django.db.models import QuerySet
 from django.urls import reverse
 from django.utils import timezone
 
@@ -15,6 +16,8 @@ from agents import protocol
 from dashboard.choices import DeploymentState, DesiredState, PlanStatus
 from dashboard.models.fleet import Node
 from placement.plan_model import Plan
+
+SHOWN_LOAD_TESTS = 20  # Measure runs on the deployment page and in the API
 
 
 def _deployment_id() -> str:
@@ -185,6 +188,10 @@ class Deployment(models.Model):
             error=probe.error,
             health_status=probe.health_status,
         )
+
+    def recent_load_tests(self) -> QuerySet[DeploymentLoadTest]:
+        """The Measure runs the page and the API show: newest first, at most SHOWN_LOAD_TESTS."""
+        return self.load_tests.select_related("created_by")[:SHOWN_LOAD_TESTS]
 
     def probes_per_hour(self, now: datetime | None = None) -> int:
         since = (now or timezone.now()) - timedelta(hours=1)

@@ -1,5 +1,6 @@
-"""The API tests' world: the seed node with samples, a finished plan, a deployment, an open alert, an agent
-token, people in each role with API tokens of each scope. Queued tasks are recorded, not sent."""
+"""The API tests' world: the seed node with samples and a model its agent reported, a finished plan, a
+deployment with a Measure run, an open alert, an agent token, people in each role with API tokens of each
+scope. Queued tasks are recorded, not sent."""
 
 from __future__ import annotations
 
@@ -12,7 +13,17 @@ from django.test import Client
 from django.utils import timezone
 
 from dashboard import alerts, deploy, roles, tasks
-from dashboard.models import AgentToken, Alert, ApiToken, Deployment, GpuSample, Node, PlanRequest
+from dashboard.models import (
+    AgentToken,
+    Alert,
+    ApiToken,
+    Deployment,
+    DeploymentLoadTest,
+    GpuSample,
+    Node,
+    NodeModel,
+    PlanRequest,
+)
 from tests.personas import person, seed_server
 
 MODEL = "Qwen3-VL-32B-Instruct"
@@ -60,6 +71,40 @@ def add_samples(node: Node, count: int = 6, used_mib: float = 200.0) -> None:
             )
 
 
+def add_reported_model(node: Node) -> NodeModel:
+    """A GGUF file the node's agent found in its --model-dir, as a hello stores it."""
+    return NodeModel.objects.create(
+        node=node,
+        path="/models/Qwen3-8B-Q4_K_M.gguf",
+        name="Qwen3 8B",
+        format="gguf",
+        architecture="qwen3",
+        quantization="Q4_K_M",
+        size_bytes=5_027_783_488,
+        size_label="8B",
+    )
+
+
+def add_load_test(deployment: Deployment, request: str, per_stream: float = 12.5) -> DeploymentLoadTest:
+    """A finished Measure run at two streams (what the agent's result records)."""
+    return DeploymentLoadTest.objects.create(
+        deployment=deployment,
+        request=request,
+        status=DeploymentLoadTest.DONE,
+        streams=2,
+        max_tokens=64,
+        backend="simulated",
+        predicted_tok_s=25.0,
+        completed=2,
+        tokens=128,
+        seconds=128 / (2 * per_stream),
+        tok_s_per_stream=per_stream,
+        tok_s_total=2 * per_stream,
+        ttft_s=0.05,
+        itl_s=1 / per_stream,
+    )
+
+
 @pytest.fixture
 def world(db, monkeypatch) -> World:
     people = {role: person(role, role) for role in roles.ROLE_NAMES}
@@ -67,6 +112,8 @@ def world(db, monkeypatch) -> World:
     add_samples(node)
     plan = deploy.run_plan_request(PlanRequest.objects.create(model_ref=MODEL, max_model_len=10000).pk)
     deployment = deploy.create_deployment(plan, 0, people[roles.OPERATOR])
+    add_reported_model(node)
+    add_load_test(deployment, "first")
     alert = alerts.raise_alert(
         key="stall:x",
         kind="stall",

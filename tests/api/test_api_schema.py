@@ -59,6 +59,9 @@ CALLS = [
         },
     ),
     Call("post", "/api/v1/check/", fixed("/api/v1/check/"), lambda w: {"command": "sleep 5"}, status=422),
+    Call("get", "/api/v1/models/", fixed("/api/v1/models/?limit=200")),
+    Call("get", "/api/v1/models/", fixed("/api/v1/models/?node=a30-seed")),
+    Call("get", "/api/v1/models/", fixed("/api/v1/models/?node=nowhere"), status=404),
     Call("get", "/api/v1/deployments/", fixed("/api/v1/deployments/?state=planned&node=a30-seed")),
     Call("get", "/api/v1/deployments/{deployment_id}/", lambda w: f"/api/v1/deployments/{w.deployment.pk}/"),
     Call(
