@@ -95,10 +95,7 @@ class NodeDetailOut(NodeOut):
 class HistoryOut(Schema):
     keys: list[str] = Field(description="the names of each point's values: t (unix ms), then the GPU point")
     step_s: float | None = Field(description="the window each point averages; null: every sample")
-    gpus: dict[str, list[list[float | None]]] = Field(
-        description="GPU id -> points, oldest first; a point of nulls marks a gap in the samples"
-    )
-    tier: str = Field(description="where the points come from: raw samples, or minute or hour averages")
+    gpus: dict[str, list[list[float]]] = Field(description="GPU id -> points, oldest first")
 
 
 # ---- plans and check -----------------------------------------------------------------------------------------
