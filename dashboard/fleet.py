@@ -192,19 +192,23 @@ def filtered_nodes(which: NodeFilter) -> list[Node]:
 
 def thinned_history(history: dict[str, Any], step_s: float) -> dict[str, Any]:
     """A gpu_history at a coarser step: per GPU, one point per `step_s` window (the window's start time and the
-    mean of each value in it)."""
+    mean of each value in it); gap rows stay gaps."""
     step_ms = step_s * 1000
-    thinned: dict[str, list[list[float]]] = {}
+    gap_ms = GAP_STEPS * max(step_s, history.get("step_s") or step_s) * 1000
+    thinned: dict[str, list[list]] = {}
     for gpu, points in history["gpus"].items():
-        windows: dict[int, list[list[float]]] = {}
+        windows: dict[int, list[list]] = {}
         for point in points:
-            windows.setdefault(int(point[0] // step_ms), []).append(point)
-        thinned[gpu] = [_window_mean(start * step_ms, rows) for start, rows in windows.items()]
-    return {**history, "gpus": thinned}
+            if any(value is not None for value in point[1:]):
+                windows.setdefault(int(point[0] // step_ms), []).append(point)
+        means = [_window_mean(start * step_ms, rows) for start, rows in windows.items()]
+        thinned[gpu] = with_gaps(means, gap_ms)
+    return {**history, "gpus": thinned, "step_s": step_s}
 
 
-def _window_mean(start_ms: float, rows: list[list[float]]) -> list[float]:
-    return [start_ms, *(round(sum(column) / len(rows), 1) for column in list(zip(*rows, strict=True))[1:])]
+def _window_mean(start_ms: float, rows: list[list]) -> list:
+    columns = [[v for v in column if v is not None] for column in list(zip(*rows, strict=True))[1:]]
+    return [start_ms, *(round(sum(c) / len(c), 1) if c else None for c in columns)]
 
 
 def topology_grid(node: Node, selected: set[int] | None = None) -> dict[str, Any] | None:

@@ -97,7 +97,7 @@ def node_history(
     indices = [int(i) for i in gpus.split(",")] if gpus else None
     since = datetime.fromtimestamp(after / 1000, tz=UTC) if after is not None else None
     history = fleet.gpu_history(node, minutes=minutes, indices=indices, after=since)
-    return {**(fleet.thinned_history(history, step) if step else history), "step_s": step}
+    return fleet.thinned_history(history, step) if step else history
 
 
 def node_json(node: Node, rows: list[fleet.GpuRow], now: datetime) -> dict[str, Any]:

@@ -94,8 +94,11 @@ class NodeDetailOut(NodeOut):
 
 class HistoryOut(Schema):
     keys: list[str] = Field(description="the names of each point's values: t (unix ms), then the GPU point")
-    step_s: float | None = Field(description="the window each point averages; null: every sample")
-    gpus: dict[str, list[list[float]]] = Field(description="GPU id -> points, oldest first")
+    step_s: float | None = Field(description="seconds between points (the window each one averages)")
+    tier: str = Field(description="where the points come from: raw samples, or minute or hour averages")
+    gpus: dict[str, list[list[float | None]]] = Field(
+        description="GPU id -> points, oldest first; a row of nulls after the time marks a gap in the data"
+    )
 
 
 # ---- plans and check -----------------------------------------------------------------------------------------

@@ -116,3 +116,12 @@ def test_it_merges_buckets_so_that_a_chart_has_at_most_360_points_per_gpu(node):
     points = history["gpus"][str(gpu.pk)]
     assert history["step_s"] == 6 * 3600 and 300 < len(points) <= 360
     assert sorted(p[1] for p in points)[len(points) // 2] == 0.5  # a 6 h point averages its six hours
+
+
+def test_it_keeps_a_gap_a_gap_when_the_api_thins_the_history(node):
+    """The API's `step` averages windows of points; the nulls that mark a gap are not values to average."""
+    history, gpu = fleet.gpu_history(node, minutes=15), str(node.gpus.first().pk)
+    history["gpus"][gpu] = [[0, 10.0, None], [1000, 30.0, 5.0], [1500, None, None], [600_000, 50.0, 7.0]]
+    thinned = fleet.thinned_history({**history, "step_s": 1.0}, 60)
+    assert thinned["gpus"][gpu] == [[0, 20.0, 5.0], [300_000.0, None, None], [600_000, 50.0, 7.0]]
+    assert thinned["step_s"] == 60
