@@ -20,7 +20,7 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from dashboard.choices import AlertStatus, DeploymentState, NodeStatus
-from dashboard.fleet import GpuRow
+from dashboard.fleet import GpuRow, gpu_holders
 from dashboard.live import GpuPoint, gpu_point
 from dashboard.models import Alert, Deployment, Gpu, GpuSample, Node
 
@@ -115,7 +115,7 @@ def fleet_page_context(chosen: FleetFilter, now: datetime | None = None) -> dict
     return {
         "summary": summary(entries),
         "heatmap": heatmap_html(entries),
-        "page_entries": shown[(page - 1) * PAGE_SIZE : page * PAGE_SIZE],
+        "page_entries": with_holders(shown[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]),
         "matching": len(shown),
         "page": page,
         "pages": pages,
@@ -124,6 +124,15 @@ def fleet_page_context(chosen: FleetFilter, now: datetime | None = None) -> dict
         "states": STATES,
         "sorts": SORTS,
     }
+
+
+def with_holders(entries: list[NodeEntry]) -> list[NodeEntry]:
+    """The entries with each GPU row naming the active deployment that holds it (one page's worth)."""
+    holders = gpu_holders([e.node for e in entries])
+    for entry in entries:
+        for row in entry.rows:
+            row.holder = holders.get((entry.node.pk, row.gpu.index))
+    return entries
 
 
 def fleet_entries(now: datetime) -> list[NodeEntry]:
