@@ -10,6 +10,7 @@ from django.views.decorators.http import require_safe
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from dashboard.exporter import RENDERER
+from dashboard.exposition import RenderUnavailable
 from dashboard.scrape_access import check_scrape
 from dashboard.telemetry import LIVE
 
@@ -27,7 +28,15 @@ async def metrics(request: HttpRequest) -> HttpResponse:
         return response
     live = LIVE.snapshot()  # on the event loop that records into it
     # In a thread of its own: the ingest buffer's writes keep asgiref's one sync thread.
-    text, cpu_s = await sync_to_async(RENDERER.render, thread_sensitive=False)(live)
+    try:
+        text, cpu_s = await sync_to_async(RENDERER.render, thread_sensitive=False)(live)
+    except RenderUnavailable as error:
+        log.error("/metrics not rendered: %s", error)
+        response = HttpResponse(
+            f"{error}; it is restarted on the next scrape\n", status=503, content_type="text/plain"
+        )
+        response["Retry-After"] = "1"
+        return response
     LIVE.scraped(cpu_s)
     return HttpResponse(
         text, content_type=CONTENT_TYPE_PLAIN_0_0_4

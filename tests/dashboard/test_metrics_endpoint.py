@@ -26,10 +26,11 @@ TOKEN = "scrape-token-0123456789abcdef"
 @pytest.fixture
 def live(monkeypatch):
     """A fresh live state and renderer for the view (the process-wide ones outlive tests)."""
-    state = telemetry.LiveState()
+    state, renderer = telemetry.LiveState(), exporter.Renderer()
     monkeypatch.setattr(metrics_views, "LIVE", state)
-    monkeypatch.setattr(metrics_views, "RENDERER", exporter.Renderer())
-    return state
+    monkeypatch.setattr(metrics_views, "RENDERER", renderer)
+    yield state
+    renderer.close()
 
 
 @pytest.fixture
