@@ -5,8 +5,9 @@
 Starts an embedded Redis and the ASGI server on a fresh database with a scrape token, connects N agents (the
 real agent code with simulated GPUs, all in one helper process: bench/ingest.py's agents role), waits until
 every node has sent samples, then scrapes /metrics through the real endpoint once every --period seconds, as a
-Prometheus would. Prints, for the first (cold: the inventory and topology read and every family rendered) and
-the later scrapes: the wall time of the scrape (request to last byte), the bytes and series, and the CPU the
+Prometheus would (asking for gzip, unless --plain). Prints, for the first (cold: the inventory and topology read
+and every family rendered) and the later scrapes: the wall time of the scrape (request to last byte), the time
+to the response's headers, the bytes (unzipped and on the wire) and series, and the CPU the
 server spent on it (`layercake_metrics_render_cpu_seconds_total`: the web process's thread, measured with
 time.thread_time around its database reads and the families' points, plus the render process's CPU time for
 the formatting), as a share of one core at one scrape per period; and the CPU of the whole server (its process
@@ -16,6 +17,7 @@ and the render process) over each period, ingest included.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import statistics
@@ -42,6 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--period", type=float, default=15.0, help="seconds between scrapes")
     parser.add_argument("--scrapes", type=int, default=5)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--plain", action="store_true", help="scrape without Accept-Encoding: gzip (Prometheus asks for gzip)"
+    )
     parser.add_argument("--log-dir", default="", help="keep the servers' logs here (default: a temp dir)")
     return parser.parse_args(argv)
 
@@ -50,14 +55,18 @@ def scrape(url: str) -> tuple[float, bytes]:
     return timed_scrape(url)[::2]
 
 
-def timed_scrape(url: str) -> tuple[float, float, bytes]:
-    """Request to last byte, request to the response's headers, and the body."""
-    request = urllib.request.Request(url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+def timed_scrape(url: str, compressed: bool = False) -> tuple[float, float, bytes, int]:
+    """Request to last byte, request to the response's headers, the body (unzipped) and its size on the wire."""
+    headers = {"Authorization": f"Bearer {TOKEN}"} | ({"Accept-Encoding": "gzip"} if compressed else {})
     began = time.monotonic()
-    with urllib.request.urlopen(request, timeout=60) as response:
+    with urllib.request.urlopen(
+        urllib.request.Request(url + "/metrics", headers=headers), timeout=60
+    ) as response:
         headers_s = time.monotonic() - began
         body = response.read()
-    return time.monotonic() - began, headers_s, body
+        zipped = response.headers.get("Content-Encoding") == "gzip"
+    wall = time.monotonic() - began
+    return wall, headers_s, gzip.decompress(body) if zipped else body, len(body)
 
 
 def sample_value(body: bytes, name: bytes) -> float:
@@ -139,8 +148,8 @@ def measure(args: argparse.Namespace, url: str, server_pid: int, agents_pid: int
     rows: list[dict] = []
     for n in range(args.scrapes + 1):  # the last one only reads the render CPU of the one before
         began, cpu_before, agents_before = time.monotonic(), cpu_seconds(server_pid), cpu_seconds(agents_pid)
-        wall, headers_s, body = timed_scrape(url)
-        rows.append({"wall_s": wall, "headers_s": headers_s, "bytes": len(body),
+        wall, headers_s, body, wire = timed_scrape(url, not args.plain)
+        rows.append({"wall_s": wall, "headers_s": headers_s, "bytes": len(body), "wire_bytes": wire,
                      "series": count_lines(body, b"layercake_"),
                      "counter": sample_value(body, RENDER_COUNTER)})  # fmt: skip
         if n == args.scrapes:
@@ -209,6 +218,7 @@ def summarize(args: argparse.Namespace, cold: dict, scrapes: list[dict], hellos_
         "hellos_s": round(hellos_s, 1),
         "series": scrapes[0]["series"],
         "bytes": scrapes[0]["bytes"],
+        "wire_bytes": scrapes[0]["wire_bytes"],
         "cold_scrape_s": round(cold["wall_s"], 3),
         "cold_render_cpu_s": round(cold["render_cpu_s"], 3),
         "scrape_s": [round(s["wall_s"], 3) for s in scrapes],

@@ -354,9 +354,9 @@ class Renderer:
     inventory: Inventory | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def render(self, live: Snapshot) -> tuple[bytes, float]:
-        """The exposition text and the CPU seconds spent on it: this thread's (the database reads and the
-        families' points) and the render process's. Raises RenderUnavailable (see RenderProcess)."""
+    def render(self, live: Snapshot, compress: bool = False) -> tuple[bytes, float]:
+        """The exposition text (gzipped if `compress`) and the CPU seconds spent on it: this thread's (the
+        database reads and the families' points) and the render process's. Raises RenderUnavailable."""
         with self.lock:
             began = time.thread_time()
             try:
@@ -367,7 +367,7 @@ class Renderer:
                 connections.close_all()
             self.inventory = fleet.inventory
             families = list(FleetCollector(live, fleet).families())
-            text, render_cpu_s = self.process.render(families)
+            text, render_cpu_s = self.process.render(families, compress)
             return text, time.thread_time() - began + render_cpu_s
 
     def close(self) -> None:

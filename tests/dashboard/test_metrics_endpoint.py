@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import ipaddress
 import os
@@ -162,6 +163,18 @@ def refused_503(client: Client, reason: str) -> None:
     assert response.status_code == 503, response.content[:300]
     assert reason in response.content.decode()
     assert response["Retry-After"] == "1"
+
+
+def test_it_gzips_the_exposition_for_a_scraper_that_accepts_it(transactional_db, live, scrape_settings):
+    expected = a_node_reporting(live)
+    response = Client().get(
+        "/metrics", headers={"Authorization": f"Bearer {TOKEN}", "Accept-Encoding": "gzip, deflate"}
+    )
+    assert response.status_code == 200 and response["Content-Encoding"] == "gzip"
+    assert response["Vary"] == "Accept-Encoding"
+    text = gzip.decompress(response.content).decode()
+    assert utilization({f.name: f for f in text_string_to_metric_families(text)}) == expected
+    assert utilization(scrape(Client())) == expected  # and plain text to one that does not
 
 
 def test_it_answers_503_when_the_render_process_died_and_renders_in_a_new_one_next(
