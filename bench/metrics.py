@@ -5,13 +5,13 @@
 Starts an embedded Redis and the ASGI server on a fresh database with a scrape token, connects N agents (the
 real agent code with simulated GPUs, all in one helper process: bench/ingest.py's agents role), waits until
 every node has sent samples, then scrapes /metrics through the real endpoint once every --period seconds, as a
-Prometheus would (asking for gzip, unless --plain). Prints, for the first (cold: the inventory and topology read
-and every family rendered) and the later scrapes: the wall time of the scrape (request to last byte), the time
-to the response's headers, the bytes (unzipped and on the wire) and series, and the CPU the
-server spent on it (`layercake_metrics_render_cpu_seconds_total`: the web process's thread, measured with
-time.thread_time around its database reads and the families' points, plus the render process's CPU time for
-the formatting), as a share of one core at one scrape per period; and the CPU of the whole server (its process
-and the render process) over each period, ingest included.
+Prometheus would (asking for gzip, unless --plain; a server that does not gzip answers plain text). Prints, for
+the first (cold: the inventory and topology read and every family rendered) and the later scrapes: the wall time
+of the scrape (request to last byte), the time to the response's headers, the bytes (unzipped and on the wire)
+and series, the CPU the server's render thread spent (`layercake_metrics_render_cpu_seconds_total`, which the
+server measures with time.thread_time around its database reads and rendering) as a share of one core at one
+scrape per period, and the CPU of the server (its process and any child process of it) and of the agents'
+process over each period.
 """
 
 from __future__ import annotations

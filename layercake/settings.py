@@ -350,8 +350,6 @@ def envnetworks(name: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network
 # else gets 401 (no or a wrong token) or 403. With neither set, /metrics is closed.
 METRICS_TOKEN_SHA256 = metrics_token_digest()
 METRICS_ALLOW = envnetworks("LAYERCAKE_METRICS_ALLOW")
-# A /metrics render process that takes longer is killed and the scrape gets 503 (Prometheus's timeout is 10 s).
-METRICS_RENDER_TIMEOUT_S = envfloat("METRICS_RENDER_TIMEOUT_S", "5")
 
 LOGGING = {
     "version": 1,
