@@ -5,15 +5,19 @@
 Starts an embedded Redis and the ASGI server on a fresh database with a scrape token, connects N agents (the
 real agent code with simulated GPUs, all in one helper process: bench/ingest.py's agents role), waits until
 every node has sent samples, then scrapes /metrics through the real endpoint once every --period seconds, as a
-Prometheus would. Prints, for the first (cold: the inventory and topology read and every family rendered) and
-the later scrapes: the wall time of the scrape (request to last byte), the bytes and series, and the CPU the
-server's render thread spent (`layercake_metrics_render_cpu_seconds_total`, which the server measures with
-time.thread_time around its database reads and rendering), as a share of one core at one scrape per period.
+Prometheus would (asking for gzip, unless --plain; a server that does not gzip answers plain text). Prints, for
+the first (cold: the inventory and topology read and every family rendered) and the later scrapes: the wall time
+of the scrape (request to last byte), the time to the response's headers, the bytes (unzipped and on the wire)
+and series, the CPU the server's render thread spent (`layercake_metrics_render_cpu_seconds_total`, which the
+server measures with time.thread_time around its database reads and rendering) as a share of one core at one
+scrape per period, and the CPU of the server (its process and any child process of it) and of the agents'
+process over each period.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import statistics
@@ -40,16 +44,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--period", type=float, default=15.0, help="seconds between scrapes")
     parser.add_argument("--scrapes", type=int, default=5)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--plain", action="store_true", help="scrape without Accept-Encoding: gzip (Prometheus asks for gzip)"
+    )
     parser.add_argument("--log-dir", default="", help="keep the servers' logs here (default: a temp dir)")
     return parser.parse_args(argv)
 
 
 def scrape(url: str) -> tuple[float, bytes]:
-    request = urllib.request.Request(url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    return timed_scrape(url)[::2]
+
+
+def timed_scrape(url: str, compressed: bool = False) -> tuple[float, float, bytes, int]:
+    """Request to last byte, request to the response's headers, the body (unzipped) and its size on the wire."""
+    headers = {"Authorization": f"Bearer {TOKEN}"} | ({"Accept-Encoding": "gzip"} if compressed else {})
     began = time.monotonic()
-    with urllib.request.urlopen(request, timeout=60) as response:
+    with urllib.request.urlopen(
+        urllib.request.Request(url + "/metrics", headers=headers), timeout=60
+    ) as response:
+        headers_s = time.monotonic() - began
         body = response.read()
-    return time.monotonic() - began, body
+        zipped = response.headers.get("Content-Encoding") == "gzip"
+    wall = time.monotonic() - began
+    return wall, headers_s, gzip.decompress(body) if zipped else body, len(body)
 
 
 def sample_value(body: bytes, name: bytes) -> float:
@@ -89,8 +106,26 @@ def wait_for_hellos(count: int, timeout: float, agents: subprocess.Popen, log: P
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """The CPU seconds of the server and of its live child processes (the /metrics render process)."""
+    return sum(_stat_cpu(stat) for stat in (_stat(pid), *_child_stats(pid)) if stat) / os.sysconf(
+        "SC_CLK_TCK"
+    )
+
+
+def _stat(pid: int | str) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):  # it ended meanwhile
+        return []
+
+
+def _child_stats(pid: int) -> list[list[str]]:
+    stats = (_stat(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
+    return [stat for stat in stats if stat and int(stat[1]) == pid]  # stat[1]: the parent's pid
+
+
+def _stat_cpu(stat: list[str]) -> int:
+    return int(stat[11]) + int(stat[12])  # utime + stime, in clock ticks
 
 
 RENDER_COUNTER = b"layercake_metrics_render_cpu_seconds_total"
@@ -107,18 +142,21 @@ def cold_scrape(url: str) -> dict:
     }
 
 
-def measure(args: argparse.Namespace, url: str, server_pid: int) -> list[dict]:
-    """One scrape every period: each one's wall time, bytes, series, render CPU and the server's CPU meanwhile."""
+def measure(args: argparse.Namespace, url: str, server_pid: int, agents_pid: int) -> list[dict]:
+    """One scrape every period: each one's wall time, bytes, series, render CPU and the server's and the
+    agents' CPU meanwhile (the agents share this machine's cores with the server in this benchmark)."""
     rows: list[dict] = []
     for n in range(args.scrapes + 1):  # the last one only reads the render CPU of the one before
-        began, cpu_before = time.monotonic(), cpu_seconds(server_pid)
-        wall, body = scrape(url)
-        rows.append({"wall_s": wall, "bytes": len(body), "series": count_lines(body, b"layercake_"),
+        began, cpu_before, agents_before = time.monotonic(), cpu_seconds(server_pid), cpu_seconds(agents_pid)
+        wall, headers_s, body, wire = timed_scrape(url, not args.plain)
+        rows.append({"wall_s": wall, "headers_s": headers_s, "bytes": len(body), "wire_bytes": wire,
+                     "series": count_lines(body, b"layercake_"),
                      "counter": sample_value(body, RENDER_COUNTER)})  # fmt: skip
         if n == args.scrapes:
             break
         time.sleep(max(0.0, began + args.period - time.monotonic()))
         rows[-1]["server_cpu_s"] = cpu_seconds(server_pid) - cpu_before
+        rows[-1]["agents_cpu_s"] = cpu_seconds(agents_pid) - agents_before
     for row, following in zip(rows, rows[1:], strict=False):
         row["render_cpu_s"] = following["counter"] - row["counter"]
     return rows[:-1]
@@ -151,7 +189,7 @@ def run(args: argparse.Namespace) -> dict:
             cold = cold_scrape(url)
             (log / "ready").touch()
             wait_for_samples(url, args.nodes * args.gpus, timeout=120)
-            scrapes = measure(args, url, server.proc.pid)
+            scrapes = measure(args, url, server.proc.pid, agents.pid)
             agents.wait(timeout=args.scrapes * args.period + 120)
         finally:
             for service in reversed(services):
@@ -180,14 +218,19 @@ def summarize(args: argparse.Namespace, cold: dict, scrapes: list[dict], hellos_
         "hellos_s": round(hellos_s, 1),
         "series": scrapes[0]["series"],
         "bytes": scrapes[0]["bytes"],
+        "wire_bytes": scrapes[0]["wire_bytes"],
         "cold_scrape_s": round(cold["wall_s"], 3),
         "cold_render_cpu_s": round(cold["render_cpu_s"], 3),
         "scrape_s": [round(s["wall_s"], 3) for s in scrapes],
+        "headers_s": [round(s["headers_s"], 3) for s in scrapes],
         "render_cpu_s": [round(r, 3) for r in render],
         "max_scrape_s": round(max(s["wall_s"] for s in scrapes), 3),
         "render_core_share_pct": round(100 * statistics.mean(render) / args.period, 2),
         "server_core_share_pct": round(
             100 * statistics.mean(s["server_cpu_s"] for s in scrapes) / args.period, 1
+        ),
+        "agents_core_share_pct": round(
+            100 * statistics.mean(s["agents_cpu_s"] for s in scrapes) / args.period, 1
         ),
     }
 
