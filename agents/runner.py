@@ -154,6 +154,12 @@ class Agent:
         )
         return protocol.dump(message)
 
+    def queue(self, message: type[protocol.Sequenced], kind: str, t: float, **fields) -> None:
+        """Add one sequenced message to the outbox; its sequence number is given when it is first sent."""
+        self.outbox.add(
+            lambda seq: protocol.dump(message(type=kind, v=protocol.VERSION, seq=seq, t=t, **fields))
+        )
+
     def collect(self) -> None:
         """Take one sample of every GPU, and any new log lines, into the outbox."""
         now = time.time()
@@ -162,65 +168,27 @@ class Agent:
         except GpuSourceError as exc:  # e.g. a GPU fell off the bus: keep the agent and its logs alive
             log.error("sampling failed: %s", exc)
         else:
-            self.outbox.add(
-                lambda seq: protocol.dump(
-                    protocol.Samples(type="samples", v=protocol.VERSION, seq=seq, t=now, gpus=gpus)
-                )
-            )
+            self.queue(protocol.Samples, "samples", now, gpus=gpus)
         for tailer in self.tailers:
             for chunk in _chunks(tailer.read_new_lines(), protocol.MAX_LOG_LINES):
-                self.outbox.add(
-                    lambda seq, c=chunk, s=tailer.source: protocol.dump(
-                        protocol.LogTail(type="logs", v=protocol.VERSION, seq=seq, t=now, source=s, lines=c)
-                    )
-                )
+                self.queue(protocol.LogTail, "logs", now, source=tailer.source, lines=chunk)
         self.wake.set()
 
     def emit_status(self, deployment: str, state: str, **fields) -> None:
         self.reflect_on_simulated_gpus(deployment, state)
-        now, fields = time.time(), {k: v for k, v in fields.items() if v is not None}
-        self.outbox.add(
-            lambda seq: protocol.dump(
-                protocol.DeploymentStatus(
-                    type="deployment",
-                    v=protocol.VERSION,
-                    seq=seq,
-                    t=now,
-                    deployment=deployment,
-                    state=state,
-                    **fields,
-                )
-            )
+        fields = {k: v for k, v in fields.items() if v is not None}
+        self.queue(
+            protocol.DeploymentStatus, "deployment", time.time(), deployment=deployment, state=state, **fields
         )
         self.wake.set()
 
     def emit_metrics(self, deployment: str, counters: protocol.ServerCounters) -> None:
         self.reflect_generation(deployment, counters.generation_tokens_total)
-        now = time.time()
-        self.outbox.add(
-            lambda seq: protocol.dump(
-                protocol.Metrics(
-                    type="metrics",
-                    v=protocol.VERSION,
-                    seq=seq,
-                    t=now,
-                    deployment=deployment,
-                    counters=counters,
-                )
-            )
-        )
+        self.queue(protocol.Metrics, "metrics", time.time(), deployment=deployment, counters=counters)
         self.wake.set()
 
     def emit_probe(self, deployment: str, outcome: ProbeOutcome) -> None:
-        now = time.time()
-        fields = outcome.reported
-        self.outbox.add(
-            lambda seq: protocol.dump(
-                protocol.Probe(
-                    type="probe", v=protocol.VERSION, seq=seq, t=now, deployment=deployment, **fields
-                )
-            )
-        )
+        self.queue(protocol.Probe, "probe", time.time(), deployment=deployment, **outcome.reported)
         self.wake.set()
 
     # A simulated node has no real GPUs for the server to fill: show what the real ones would (memory held
@@ -261,11 +229,7 @@ class Agent:
     def emit_logs(self, source: str, lines: list[str]) -> None:
         now = time.time()
         for chunk in _chunks(lines, protocol.MAX_LOG_LINES):
-            self.outbox.add(
-                lambda seq, c=chunk: protocol.dump(
-                    protocol.LogTail(type="logs", v=protocol.VERSION, seq=seq, t=now, source=source, lines=c)
-                )
-            )
+            self.queue(protocol.LogTail, "logs", now, source=source, lines=chunk)
         self.wake.set()
 
     async def sample_forever(self) -> None:

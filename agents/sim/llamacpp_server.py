@@ -35,58 +35,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_asgi_app
 
+from agents.sim.backend import ITL_BUCKETS, TTFT_BUCKETS  # vLLM's own bounds: dashboards read both alike
+
 log = logging.getLogger("llamacpp_server")
 
 COMPLETION_PATHS = frozenset(
     {"/v1/completions", "/v1/chat/completions", "/v1/engines/copilot-codex/completions"}
 )
 QUIET_PATHS = frozenset({"/metrics", "/health"})  # polled every few seconds by the agent
-# vLLM's own bucket boundaries, so dashboards read both the same way
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-ITL_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
 LOG_FORMAT = "%(levelname)s %(asctime)s [%(module)s.py:%(lineno)d] %(message)s"
 LOG_DATEFMT = "%m-%d %H:%M:%S"
 
