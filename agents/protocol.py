@@ -488,8 +488,13 @@ def welcome(node: str, last_seq: int) -> str:
     return json.dumps({"type": "welcome", "v": VERSION, "node": node, "last_seq": last_seq})
 
 
-def error(code: str, message: str) -> str:
-    return json.dumps({"type": "error", "v": VERSION, "code": code, "message": message})
+def error(code: str, message: str, seq: int | None = None) -> str:
+    """An error frame; `seq` names the sequenced frame it is about when there is one (`store_refused`: the
+    server will never store that frame, so the agent stops sending it)."""
+    frame = {"type": "error", "v": VERSION, "code": code, "message": message}
+    if seq is not None:
+        frame["seq"] = seq
+    return json.dumps(frame)
 
 
 def dump(message: Strict) -> str:

@@ -63,6 +63,10 @@ class Journal:
         with self.db:
             self.db.execute("DELETE FROM frames WHERE seq <= ?", (seq,))
 
+    def forget(self, seq: int) -> None:
+        with self.db:
+            self.db.execute("DELETE FROM frames WHERE seq = ?", (seq,))
+
     def close(self) -> None:
         self.db.close()
         os.close(self.lock)
@@ -146,6 +150,15 @@ class Outbox:
             acked = True
         if acked and self.journal is not None:
             self.journal.forget_through(seq)
+
+    def drop(self, seq: int) -> None:
+        """The server refused `seq` for good (it will never store it): stop sending it. The frames before and
+        after it stay; the next ack covers its place."""
+        kept = deque((s, frame) for s, frame in self.frames if s != seq)
+        if len(kept) < len(self.frames):
+            self.frames = kept
+            if self.journal is not None:
+                self.journal.forget(seq)
 
     def close(self) -> None:
         if self.journal is not None:

@@ -312,8 +312,15 @@ class Agent:
             self.outbox.ack(int(message["seq"]))
         elif kind == "error":
             log.error("server rejected a frame: %s: %s", message.get("code"), message.get("message"))
+            self.forget_refused(message)
         elif kind in protocol.COMMAND_TYPES:
             self.on_command(message)
+
+    def forget_refused(self, error: dict) -> None:
+        """A frame the server refused to store will be refused on every replay: drop it from the outbox."""
+        seq = error.get("seq")
+        if error.get("code") == "store_refused" and type(seq) is int:
+            self.outbox.drop(seq)
 
     def on_command(self, message: dict) -> None:
         """Validate a server command here too (never trust the wire) and hand it to the supervisor."""

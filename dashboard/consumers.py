@@ -228,7 +228,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         """An item the flush did not store. Refused: the agent is told why (the next ack skips it). To be sent
         again: nothing after it may be acked, so the agent reconnects and replays from the stored watermark."""
         if item.refused:
-            await self.send(protocol.error("store_refused", f"seq {item.seq} was not stored: {item.refused}"))
+            await self.send(
+                protocol.error("store_refused", f"seq {item.seq} was not stored: {item.refused}", item.seq)
+            )
         elif not self.closing:
             self.closing = True
             await self.send(

@@ -464,11 +464,53 @@ def _apply_member_report(
     return deployment.summary(), jobs
 
 
+class SampleTimeTaken(ValueError):
+    """A sample for a GPU at a time that GPU already has a different sample at (another seq): the database
+    holds one sample per GPU and time, so this one cannot be stored and must not be acked as if it were."""
+
+
 def insert_samples(rows: list[SampleRow]) -> None:
-    """Insert the rows in one executemany; a sample already stored (same GPU and time) is skipped."""
+    """Insert the rows in one executemany. A row already stored (same GPU, time and seq: a replay) is
+    skipped; one whose GPU and time hold a sample of another seq raises SampleTimeTaken."""
     if rows:
         with connection.cursor() as cursor:
             cursor.executemany(_insert_samples_sql(), rows)
+            skipped = cursor.rowcount >= 0 and cursor.rowcount < len(rows)
+        if skipped:
+            _check_skipped_are_replays(rows)
+
+
+def _check_skipped_are_replays(rows: list[SampleRow]) -> None:
+    stored = _stored_seqs(rows)
+    for row in rows:
+        seq = stored.get((row.gpu_id, row.t))
+        if seq is not None and seq != row.seq:
+            gpu = Gpu.objects.get(pk=row.gpu_id)
+            raise SampleTimeTaken(
+                f"GPU {gpu.index} already has a sample at t={_shown_time(row.t)} (seq {seq}); "
+                "each sample of a GPU needs its own time t"
+            )
+
+
+def _stored_seqs(rows: list[SampleRow]) -> dict[tuple[int, Any], int]:
+    """(GPU id, time as the database holds it) -> seq of the stored samples at the rows' GPUs and times."""
+    gpu, t, seq = (GpuSample._meta.get_field(n).column for n in ("gpu", "t", "seq"))
+    q = connection.ops.quote_name
+    ids = sorted({r.gpu_id for r in rows})
+    sql = (
+        f"SELECT {q(gpu)}, {q(t)}, {q(seq)} FROM {_table(GpuSample)} "
+        f"WHERE {q(gpu)} IN ({', '.join(['%s'] * len(ids))}) AND {q(t)} >= %s AND {q(t)} <= %s"
+    )
+    times = [r.t for r in rows]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*ids, min(times), max(times)])
+        found = cursor.fetchall()
+    adapt = connection.ops.adapt_datetimefield_value  # the driver reads a datetime back; rows hold this form
+    return {(g, adapt(when)): s for g, when, s in found}
+
+
+def _shown_time(t: Any) -> str:
+    return t.isoformat() if isinstance(t, datetime) else str(t)
 
 
 def _insert_samples_sql() -> str:

@@ -253,3 +253,37 @@ async def test_it_closes_the_older_of_two_sockets_with_one_token(healthy):
     await asyncio.sleep(0.1)  # the older socket's disconnect has run: it must not mark the node disconnected
     assert (await database_sync_to_async(Node.objects.get)(name="twice")).connected
     await newer.disconnect()
+
+
+def at_time_of(seq: int, of: int) -> dict:
+    """A samples frame with sequence number `seq` whose time is that of the frame numbered `of`."""
+    return {**samples(seq), "t": samples(of)["t"]}
+
+
+async def test_it_refuses_a_new_seq_whose_sample_time_is_taken_and_says_why(healthy):
+    bad = await bad_agent()
+    assert (await say(bad, samples(1)))["seq"] == 1
+    await healthy_sends_around(healthy, lambda: bad.send_to(text_data=json.dumps(at_time_of(2, of=1))))
+    answer = await reply(bad)
+    assert (answer["type"], answer["code"], answer["seq"]) == ("error", "store_refused", 2)
+    assert "GPU 0 already has a sample at" in answer["message"] and "(seq 1)" in answer["message"]
+    assert await say(bad, samples(3)) == {"type": "ack", "v": 1, "seq": 3}
+    assert await stored_seqs("bad") == [1, 1, 3, 3]
+    await assert_healthy_lost_nothing(healthy)
+    await bad.disconnect()
+
+
+async def test_it_refuses_the_second_of_two_frames_with_one_time_in_the_same_flush(healthy):
+    bad = await bad_agent()
+
+    async def two_frames_one_time() -> None:
+        await bad.send_to(text_data=json.dumps(samples(1)))
+        await bad.send_to(text_data=json.dumps(at_time_of(2, of=1)))
+
+    await healthy_sends_around(healthy, two_frames_one_time)
+    ack, refusal = sorted([await reply(bad), await reply(bad)], key=lambda a: a["type"])
+    assert ack == {"type": "ack", "v": 1, "seq": 1}
+    assert (refusal["code"], refusal["seq"]) == ("store_refused", 2)
+    assert await stored_seqs("bad") == [1, 1]
+    await assert_healthy_lost_nothing(healthy)
+    await bad.disconnect()
