@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 VERSION = 1
 # Websocket close codes the server uses (the agent stops on the first two, reconnects on the last).
@@ -45,6 +45,8 @@ class ProtocolError(ValueError):
 
 class Strict(BaseModel):
     # No NaN or Infinity anywhere: they cannot be compared, and browsers cannot parse them as JSON.
+    # Frames off the wire are validated strictly (parse_*): `true` or "1" is not the integer 1, 1.5 is
+    # not an integer; only an integer may stand for a float. Code building a message may still pass 1 for 1.0.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
@@ -109,7 +111,7 @@ class Envelope(Strict):
     """What every frame carries first: `type` (narrowed to one Literal by each message) and the version."""
 
     type: str
-    v: Literal[1]
+    v: Annotated[int, Field(ge=VERSION, le=VERSION)]  # not Literal[1]: that takes `true` even when strict
 
 
 class Sequenced(Envelope):
@@ -277,8 +279,7 @@ AgentMessage = Annotated[
 AGENT_TYPES = ("hello", "samples", "logs", "deployment", "metrics", "probe", "answer")
 
 
-class _AgentFrame(BaseModel):
-    message: AgentMessage
+AGENT_FRAME = TypeAdapter(AgentMessage)
 
 
 # ---- server -> agent ---------------------------------------------------------------------------------
@@ -409,20 +410,18 @@ ServerCommand = Annotated[Command, Field(discriminator="type")]
 COMMAND_TYPES = ("launch", "stop", "restart", "canary", "ask")
 
 
-class _ServerFrame(BaseModel):
-    message: ServerCommand
+SERVER_FRAME = TypeAdapter(ServerCommand)
 
 
 def parse_server_command(raw: str | bytes) -> Command:
     """Validate a command from the server on the agent side; refuses extra argv, unknown env, odd names."""
-    data = _load_json(raw, "command")
-    if not isinstance(data, dict) or data.get("type") not in COMMAND_TYPES:
-        raise ProtocolError(
-            "unknown_type", f"unknown command {_shown(data.get('type') if isinstance(data, dict) else data)}"
-        )
     try:
-        return _ServerFrame(message=data).message
+        return SERVER_FRAME.validate_json(raw, strict=True)
     except ValidationError as exc:
+        data = _load_json(raw, "command")
+        if not isinstance(data, dict) or data.get("type") not in COMMAND_TYPES:
+            shown = _shown(data.get("type") if isinstance(data, dict) else data)
+            raise ProtocolError("unknown_type", f"unknown command {shown}") from None
         raise ProtocolError("invalid", _describe(exc)) from None
 
 
@@ -431,11 +430,10 @@ def parse_agent_message(raw: str | bytes) -> Hello | Samples | LogTail | Report 
     size = frame_bytes(raw)
     if size > MAX_FRAME_BYTES:
         raise ProtocolError("too_large", f"frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
-    data = _load_json(raw, "frame")
-    _check_envelope(data)
     try:
-        return _AgentFrame(message=data).message
-    except ValidationError as exc:
+        return AGENT_FRAME.validate_json(raw, strict=True)
+    except ValidationError as exc:  # say what is wrong: not JSON, not a frame we know, or which field
+        _check_envelope(_load_json(raw, "frame"))
         raise ProtocolError("invalid", _describe(exc)) from None
 
 
@@ -459,7 +457,7 @@ def _check_envelope(data: object) -> None:
     kind = data.get("type")
     if kind not in AGENT_TYPES:
         raise ProtocolError("unknown_type", f"unknown message type {_shown(kind)}")
-    if data.get("v") != VERSION:
+    if type(data.get("v")) is not int or data["v"] != VERSION:
         raise ProtocolError(
             "bad_version", f"protocol version {_shown(data.get('v'))} not supported (server speaks {VERSION})"
         )
@@ -473,8 +471,9 @@ def _shown(value: object) -> str:
 
 
 def _describe(exc: ValidationError) -> str:
+    """The first error, where it is: `seq: Input should be a valid integer` (strict: `true` and "1" are not 1)."""
     first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"][2:]) or "message"
+    where = ".".join(str(p) for p in first["loc"][1:]) or "message"
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return f"{where}: {first['msg']}{more}"
 

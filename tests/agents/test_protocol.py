@@ -69,6 +69,23 @@ def test_it_rejects_oversized_log_tails():
         protocol.parse_agent_message(json.dumps(frame))
 
 
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"gpus": [True]}, "gpus.0: Input should be a valid integer"),
+        ({"gpus": ["0"]}, "gpus.0: Input should be a valid integer"),
+        ({"options": {"tp": "2"}}, "options.tp: Input should be a valid integer"),
+        ({"options": {"enforce_eager": 1}}, "options.enforce_eager: Input should be a valid boolean"),
+    ],
+)
+def test_it_refuses_a_command_value_of_the_wrong_json_type_on_the_agent_side(change, words):
+    launch = {"type": "launch", "v": 1, "deployment": "d1", "backend": "vllm", "model": "m", "gpus": [0]}
+    assert protocol.parse_server_command(json.dumps(launch)).gpus == [0]
+    with pytest.raises(protocol.ProtocolError) as exc:
+        protocol.parse_server_command(json.dumps({**launch, **change}))
+    assert (exc.value.code, words in exc.value.message) == ("invalid", True), exc.value.message
+
+
 def test_it_refuses_deeply_nested_commands_on_the_agent_side_too():
     with pytest.raises(protocol.ProtocolError, match="nested too deeply"):
         protocol.parse_server_command("[" * 100_000)

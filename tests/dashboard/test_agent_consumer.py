@@ -100,6 +100,41 @@ async def test_it_rejects_malformed_frames_and_stores_nothing(frame, code):
     await comm.disconnect()
 
 
+def with_gpu_value(**values) -> dict:
+    frame = samples(1)
+    frame["gpus"][0].update(values)
+    return frame
+
+
+@pytest.mark.parametrize(
+    ("frame", "words"),
+    [
+        pytest.param({**samples(1), "seq": True}, "seq: Input should be a valid integer", id="seq=true"),
+        pytest.param({**samples(1), "seq": "1"}, "seq: Input should be a valid integer", id='seq="1"'),
+        pytest.param({**samples(1), "seq": 1.0}, "seq: Input should be a valid integer", id="seq=1.0"),
+        pytest.param({**samples(1), "t": str(T0 + 1)}, "t: Input should be a valid number", id="t=string"),
+        pytest.param(with_gpu_value(index=False), "gpus.0.index: Input should be", id="index=false"),
+        pytest.param(with_gpu_value(power_w="60"), "gpus.0.power_w: Input should be", id='power_w="60"'),
+        pytest.param(with_gpu_value(util_gpu=True), "gpus.0.util_gpu: Input should be", id="util_gpu=true"),
+    ],
+)
+async def test_it_rejects_a_value_of_the_wrong_json_type_and_stores_nothing(frame, words):
+    comm = await connect(await make_node())
+    await say(comm, hello())
+    reply = await say(comm, frame)
+    assert (reply["type"], reply["code"]) == ("error", "invalid") and words in reply["message"]
+    assert await say(comm, samples(1)) == {"type": "ack", "v": 1, "seq": 1}  # the watermark did not move
+    assert await counts() == (2, 0)
+    await comm.disconnect()
+
+
+async def test_it_rejects_a_version_of_true():
+    comm = await connect(await make_node())
+    reply = await say(comm, {**hello(), "v": True})
+    assert (reply["type"], reply["code"]) == ("error", "bad_version") and "True" in reply["message"]
+    await comm.disconnect()
+
+
 async def test_it_requires_hello_before_samples():
     comm = await connect(await make_node())
     reply = await say(comm, samples(1))
