@@ -23,6 +23,7 @@ from dashboard.models import Deployment, DeploymentEvent, DeploymentMember, Node
 from dashboard.models.deployments import member_failure_text
 from dashboard.node_models import reported_spec
 from placement import PlacementError, Request, check_command, load_cluster, plan
+from placement.cluster import Cluster, NodeRejection
 from placement.plan_model import Plan, PlanSettings
 from placement.spec import load_model_within, spec_from_hf_config
 
@@ -35,12 +36,45 @@ class DeployError(ValueError):
 
 
 def fleet_cluster(nodes: list[Node] | None = None) -> dict[str, Any]:
-    """The planner's cluster JSON built from what the agents reported (same shape as a cluster file)."""
+    """The planner's cluster JSON built from what the agents reported (same shape as a cluster file): the
+    nodes that reported GPUs and a topology (`not_plannable` says why the others are left out)."""
     if nodes is None:
         nodes = list(Node.objects.filter(topology__isnull=False).prefetch_related("gpus"))
     gpus = [g for n in nodes for g in n.gpus.all()]
     latest = latest_samples(gpus)
     return {"nodes": [_node_entry(n, latest) for n in nodes if n.gpus.all()]}
+
+
+def not_plannable() -> list[NodeRejection]:
+    """The nodes `fleet_cluster` leaves out, each with why: the planner lists them among the rejected."""
+    left_out = (
+        Node.objects.filter(Q(topology__isnull=True) | Q(gpus__isnull=True)).distinct().order_by("name")
+    )
+    return [NodeRejection(node.name, _why_not_plannable(node)) for node in left_out.prefetch_related("gpus")]
+
+
+def _why_not_plannable(node: Node) -> str:
+    if not node.gpus.all():
+        return f"node {node.name}: no GPUs reported yet (its agent has not connected, or found no GPU)"
+    return (
+        f"node {node.name}: no topology reported yet (its agent sends `nvidia-smi topo -m` with its hello; "
+        "the agent's log says why it could not read it)"
+    )
+
+
+def live_cluster() -> Cluster:
+    """The live fleet as the planner takes it, with the nodes it cannot plan among the rejected."""
+    fleet, left_out = fleet_cluster(), not_plannable()
+    if not fleet["nodes"]:
+        why = "; ".join(r.reason for r in left_out)
+        raise PlacementError(
+            f"no node can be planned yet: {why}"
+            if why
+            else "no node has reported its GPUs yet: start an agent first"
+        )
+    cluster = load_cluster(fleet)
+    cluster.rejected_nodes += left_out
+    return cluster
 
 
 def _node_entry(node: Node, latest: dict) -> dict[str, Any]:
@@ -108,10 +142,7 @@ def finish_planning(row: PlanRequest, status: str, error: str, result: dict[str,
 
 
 def compute_plans(row: PlanRequest) -> dict[str, Any]:
-    fleet = fleet_cluster()
-    if not fleet["nodes"]:
-        raise PlacementError("no node has reported its GPUs yet: start an agent first")
-    cluster = load_cluster(fleet)
+    cluster = live_cluster()
     gpus = tuple(int(g) for g in row.gpus.split(",") if g.strip()) or None
     request = Request(
         max_model_len=row.max_model_len,
@@ -275,12 +306,9 @@ def check_launch(
     """`python -m placement check` against the live fleet: an operator's own launch command judged as the CLI
     judges it (feasible, problems, risks, a suggestion). Model paths are read only under MODEL_DIRS.
     Raises PlacementError for a command or selection that cannot be judged."""
-    fleet = fleet_cluster()
-    if not fleet["nodes"]:
-        raise PlacementError("no node has reported its GPUs yet: start an agent first")
     result = check_command(
         command,
-        load_cluster(fleet),
+        live_cluster(),
         visible=visible,
         env={},
         node=node,

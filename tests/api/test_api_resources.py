@@ -13,10 +13,11 @@ from django.utils import timezone
 
 from dashboard import deploy, fleet, roles
 from dashboard.forms import DeployForm
+from dashboard.ingest import apply_hello
 from dashboard.models import AgentToken, Alert, Deployment, GpuSample, Node, PlanRequest
 from placement import cli
 from tests.api.conftest import MODEL, World, add_samples
-from tests.personas import sim_node
+from tests.personas import hello_for, sim_node
 
 pytestmark = pytest.mark.django_db
 
@@ -142,6 +143,17 @@ def test_it_queues_a_plan_and_gives_its_outcome(world):
     assert [p["plan"] for p in outcome["plans"]] == [p.to_json() for p in row.plans()]
     assert [p["number"] for p in outcome["plans"]] == list(range(len(row.plans())))
     assert outcome["rejected"] and all(r["problems"] for r in outcome["rejected"])
+
+
+def test_it_lists_a_node_without_a_topology_among_the_rejected_of_a_plan(world):
+    no_topo = Node.objects.create(name="no-topo")
+    apply_hello(no_topo, hello_for("no-topo", "sim:a30x4").model_copy(update={"topology": None}))
+    response = post(world.client(roles.OPERATOR), "/api/v1/plans/", {"model": MODEL, "max_model_len": 10000})
+    deploy.run_plan_request(response.json()["id"])  # what the queued task runs
+    outcome = world.client(roles.VIEWER, "read").get(response.json()["url"]).json()
+    assert outcome["status"] == "done" and {p["plan"]["node"] for p in outcome["plans"]} == {"a30-seed"}
+    left_out = [r for r in outcome["rejected"] if r["node"] == "no-topo"]
+    assert len(left_out) == 1 and "no topology reported yet" in left_out[0]["problems"][0]["message"]
 
 
 def test_it_plans_from_an_uploaded_config(world):

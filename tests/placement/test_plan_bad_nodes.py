@@ -11,12 +11,13 @@ from django.utils import timezone
 
 from dashboard import tasks
 from dashboard.choices import PlanStatus
+from dashboard.ingest import apply_hello
 from dashboard.models import Gpu, GpuSample, Node, PlanRequest
 from placement import PlacementError, Request, load_cluster, load_model, plan
 from placement.cli import main
 from placement.cluster import estimated_speed
 from tests.dashboard.test_deploy import planned
-from tests.personas import seed_server, sim_node
+from tests.personas import hello_for, seed_server, sim_node
 
 SEED = json.loads((Path(__file__).parents[1] / "data" / "placement" / "a30_seed_cluster.json").read_text())
 A6000 = {"index": 0, "name": "NVIDIA RTX A6000", "memory_total_mib": 49140}
@@ -165,3 +166,49 @@ def test_it_shows_the_left_out_node_where_rejected_configurations_show(client, a
     unknown = planned(SMALL_MODEL, max_model_len=8192, node=Node.objects.get(name="a6000-ws"))
     page = client.get(f"/deploy/plans/{unknown.pk}/fragment/").content.decode()
     assert "<b>estimated_speed</b>" in page and "NVIDIA RTX A6000" in page
+
+
+def fleet_with_nodes_not_reported_yet() -> None:
+    """a30-seed, `no-topo` (its agent's hello carried no topology) and `silent` (no agent connected yet)."""
+    seed_server()
+    no_topo = Node.objects.create(name="no-topo")
+    apply_hello(no_topo, hello_for("no-topo", "sim:a30x4").model_copy(update={"topology": None}))
+    Node.objects.create(name="silent")
+
+
+def left_out_reasons(result: dict) -> dict[str, str]:
+    return {
+        r["node"]: r["problems"][0]["message"]
+        for r in result["rejected"]
+        if r["problems"][0]["code"] == "node_input"
+    }
+
+
+@pytest.mark.django_db
+def test_it_lists_nodes_without_a_topology_or_gpus_among_the_rejected_with_why(client, alice):
+    fleet_with_nodes_not_reported_yet()
+    row = planned(SMALL_MODEL, max_model_len=8192)
+    assert row.status == PlanStatus.DONE, row.error
+    assert nodes_of(row.result["plans"]) == {"a30-seed"}
+    reasons = left_out_reasons(row.result)
+    assert set(reasons) == {"no-topo", "silent"}
+    assert "no topology reported yet" in reasons["no-topo"] and "no GPUs reported yet" in reasons["silent"]
+    client.force_login(alice)
+    page = client.get(f"/deploy/plans/{row.pk}/fragment/").content.decode()
+    rejected = page[page.index("Rejected configurations") :]
+    assert "no-topo" in rejected and "no topology reported yet" in rejected and "silent" in rejected
+
+
+@pytest.mark.django_db
+def test_it_says_why_a_chosen_node_without_a_topology_cannot_be_planned():
+    fleet_with_nodes_not_reported_yet()
+    pinned = planned(SMALL_MODEL, max_model_len=8192, node=Node.objects.get(name="no-topo"))
+    assert pinned.status == PlanStatus.FAILED
+    assert "node 'no-topo' cannot be planned" in pinned.error and "no topology reported yet" in pinned.error
+
+
+@pytest.mark.django_db
+def test_it_says_why_no_node_can_be_planned_when_none_has_a_topology():
+    Node.objects.create(name="silent")
+    row = planned(SMALL_MODEL, max_model_len=8192)
+    assert row.status == PlanStatus.FAILED and "silent: no GPUs reported yet" in row.error
