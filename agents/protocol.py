@@ -24,7 +24,10 @@ MAX_GPU_MEMORY_MIB = 2**24  # 16 TiB per GPU; the column is a 32-bit integer
 
 Percent = Annotated[float, Field(ge=0, le=100)]
 NonNegative = Annotated[float, Field(ge=0)]
-Name = Annotated[str, Field(min_length=1, max_length=200)]
+MAX_NAME_CHARS = 200  # a name (device, GPU, host, log source...); the database columns hold as much
+MAX_LINK_CHARS = 16  # a topology label: NV18, SYS, PHB; a P2P status: OK, NS, CNS
+MAX_VERSION_CHARS = 64  # a driver or CUDA version
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
 Seq = Annotated[int, Field(ge=1, le=INT64_MAX)]
 Counter = Annotated[int, Field(ge=0, le=INT64_MAX)]
 Pid = Annotated[int, Field(ge=0, le=2**31 - 1)]
@@ -74,7 +77,7 @@ class TopoNic(Strict):
 class TopoLink(Strict):
     a: Name
     b: Name
-    link: Annotated[str, Field(min_length=1, max_length=16)]
+    link: Annotated[str, Field(min_length=1, max_length=MAX_LINK_CHARS)]
 
 
 class Topology(Strict):
@@ -129,8 +132,8 @@ class Hello(Envelope):
     interval_s: Annotated[float, Field(gt=0, le=3600)]
     gpu_source: Literal["nvml", "sim"]
     simulated: bool
-    driver_version: str = ""
-    cuda_version: str = ""
+    driver_version: Annotated[str, Field(max_length=MAX_VERSION_CHARS)] = ""
+    cuda_version: Annotated[str, Field(max_length=MAX_VERSION_CHARS)] = ""
     gpus: Annotated[list[GpuInfo], Field(max_length=64)]
     topology: Topology | None = None
     models: Annotated[list[LocalModel], Field(max_length=MAX_NODE_MODELS)] = []

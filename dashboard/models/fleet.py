@@ -14,6 +14,7 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+from agents import protocol
 from dashboard.choices import LinkClass, NodeStatus
 
 node_name_validator = RegexValidator(
@@ -28,9 +29,9 @@ class Node(models.Model):
     hostname = models.CharField(max_length=200, blank=True)
     simulated = models.BooleanField(default=False)
     gpu_source = models.CharField(max_length=10, blank=True)
-    agent_version = models.CharField(max_length=50, blank=True)
-    driver_version = models.CharField(max_length=50, blank=True)
-    cuda_version = models.CharField(max_length=50, blank=True)
+    agent_version = models.CharField(max_length=protocol.MAX_NAME_CHARS, blank=True)
+    driver_version = models.CharField(max_length=protocol.MAX_VERSION_CHARS, blank=True)
+    cuda_version = models.CharField(max_length=protocol.MAX_VERSION_CHARS, blank=True)
     interval_s = models.FloatField(default=1.0)
     topology = models.JSONField(null=True, blank=True)
     network_gbps = models.FloatField(default=10.0, help_text="this node's link to the other nodes, Gbit/s")
@@ -184,11 +185,12 @@ class Link(models.Model):
     """One unordered pair of devices (GPU or NIC) on a node, as nvidia-smi topo labels it."""
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="links")
-    a = models.CharField(max_length=32)
-    b = models.CharField(max_length=32)
-    link = models.CharField(max_length=16)
-    p2p_read = models.CharField(max_length=8, blank=True)
-    p2p_write = models.CharField(max_length=8, blank=True)
+    # as long as the protocol allows (agents.protocol.TopoLink): a longer value would be refused by PostgreSQL
+    a = models.CharField(max_length=protocol.MAX_NAME_CHARS)
+    b = models.CharField(max_length=protocol.MAX_NAME_CHARS)
+    link = models.CharField(max_length=protocol.MAX_LINK_CHARS)
+    p2p_read = models.CharField(max_length=protocol.MAX_LINK_CHARS, blank=True)
+    p2p_write = models.CharField(max_length=protocol.MAX_LINK_CHARS, blank=True)
 
     class Meta:
         ordering = ["node", "a", "b"]
