@@ -11,10 +11,13 @@ MAX_HEADER_BYTES read from a GGUF header.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
 import struct
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from agents import protocol
 
@@ -44,6 +47,9 @@ FILE_TYPES = {
     37: "TQ2_0", 38: "MXFP4_MOE",
 }  # fmt: skip
 GGUF_KEYS = ("general.architecture", "general.name", "general.size_label", "general.file_type")
+
+
+log = logging.getLogger(__name__)
 
 
 class GgufHeaderError(ValueError):
@@ -83,10 +89,14 @@ def is_main_gguf(path: Path) -> bool:
 
 
 def _describe(path: Path) -> protocol.LocalModel | None:
+    """The model at `path`, or None (logged, naming the file and what is wrong): the others still report."""
     try:
         return describe_gguf(path) if path.is_file() else describe_hf_folder(path)
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
+    except GgufHeaderError as exc:
+        log.warning("model %s left out: broken GGUF header: %s", path, exc)
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        log.warning("model %s left out: %s", path, exc)
+    return None
 
 
 # ---------------------------------------------------------------- Hugging Face folders
@@ -173,38 +183,42 @@ class _Header:
         self.file, self.read_bytes = file, 0
 
     def take(self, size: int) -> bytes:
+        at = self.read_bytes
         self.read_bytes += size
         if self.read_bytes > MAX_HEADER_BYTES:
-            raise GgufHeaderError(f"GGUF header larger than {MAX_HEADER_BYTES} bytes")
+            raise GgufHeaderError(
+                f"GGUF header larger than {MAX_HEADER_BYTES} bytes (a length of {size} at byte {at})"
+            )
         data = self.file.read(size)
         if len(data) != size:
-            raise GgufHeaderError("GGUF header is cut short")
+            raise GgufHeaderError(f"GGUF header is cut short at byte {at + len(data)}")
         return data
 
     def unpack(self, fmt: str) -> Any:
         return struct.unpack("<" + fmt, self.take(struct.calcsize("<" + fmt)))[0]
 
-    def string(self) -> str:
-        return self.take(self.unpack("Q")).decode("utf-8", errors="replace")
+    def string(self, what: str = "a string value") -> str:
+        at = self.read_bytes
+        raw = self.take(self.unpack("Q"))
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise GgufHeaderError(f"{what} at byte {at} is not UTF-8") from None
 
 
 SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 STRING, ARRAY = 8, 9
+MAX_DIMS = 4  # GGML_MAX_DIMS
+DEFAULT_ALIGNMENT = 32
 
 
 def read_gguf_metadata(file: BinaryIO, wanted: tuple[str, ...]) -> dict[str, Any]:
     """The scalar and string values of the `wanted` keys; other values (token arrays) are skipped."""
     header = _Header(file)
-    if header.take(4) != b"GGUF":
-        raise GgufHeaderError("not a GGUF file (no GGUF magic)")
-    version = header.unpack("I")
-    if version not in (2, 3):
-        raise GgufHeaderError(f"GGUF version {version} is not supported")
-    header.unpack("Q")  # tensor count
+    _, key_count = _preamble(header)
     found: dict[str, Any] = {}
-    for _ in range(header.unpack("Q")):
-        key, kind = header.string(), header.unpack("I")
-        value = _value(header, kind)
+    for _ in range(key_count):
+        key, value = _key_value(header)
         if key in wanted:
             found[key] = value
         if len(found) == len(wanted):
@@ -212,17 +226,86 @@ def read_gguf_metadata(file: BinaryIO, wanted: tuple[str, ...]) -> dict[str, Any
     return found
 
 
-def _value(header: _Header, kind: int) -> Any:
+class TensorEntry(NamedTuple):
+    name: str
+    shape: tuple[int, ...]
+    kind: int  # the ggml element type
+    offset: int  # from the start of the data section
+
+
+def check_gguf_header(file: BinaryIO, tensor_bytes: Callable[[TensorEntry], int] | None = None) -> None:
+    """Walk the whole header: every key and value, then every tensor's entry, and check that each tensor lies
+    inside the file (its size from `tensor_bytes` when given, which raises ValueError for an unknown type).
+    Raises GgufHeaderError saying what is wrong and at which byte."""
+    header = _Header(file)
+    tensor_count, key_count = _preamble(header)
+    alignment = DEFAULT_ALIGNMENT
+    for _ in range(key_count):
+        key, value = _key_value(header)
+        if key == "general.alignment":
+            alignment = _alignment(value)
+    entries = [_tensor_entry(header) for _ in range(tensor_count)]
+    data_start = -(-header.read_bytes // alignment) * alignment
+    size = os.fstat(file.fileno()).st_size
+    for entry in entries:
+        _check_inside(entry, data_start, size, tensor_bytes)
+
+
+def _check_inside(
+    entry: TensorEntry, data_start: int, size: int, tensor_bytes: Callable[[TensorEntry], int] | None
+) -> None:
+    try:
+        length = tensor_bytes(entry) if tensor_bytes is not None else 1
+    except ValueError as exc:
+        raise GgufHeaderError(f"tensor {entry.name!r}: {exc}") from None
+    end = data_start + entry.offset + length
+    if end > size:
+        raise GgufHeaderError(
+            f"tensor {entry.name!r} ends at byte {end}, past the end of the file ({size} bytes): "
+            "the file is cut short or its tensor table is corrupt"
+        )
+
+
+def _preamble(header: _Header) -> tuple[int, int]:
+    if header.take(4) != b"GGUF":
+        raise GgufHeaderError("not a GGUF file (no GGUF magic)")
+    version = header.unpack("I")
+    if version not in (2, 3):
+        raise GgufHeaderError(f"GGUF version {version} is not supported")
+    return header.unpack("Q"), header.unpack("Q")  # tensor count, key count
+
+
+def _key_value(header: _Header) -> tuple[str, Any]:
+    key = header.string("a key")
+    return key, _value(header, header.unpack("I"), key)
+
+
+def _alignment(value: Any) -> int:
+    if not isinstance(value, int) or value <= 0 or value & (value - 1):
+        raise GgufHeaderError(f"general.alignment is {value!r}, not a power of two")
+    return value
+
+
+def _tensor_entry(header: _Header) -> TensorEntry:
+    name = header.string("a tensor name")
+    dims = header.unpack("I")
+    if not 1 <= dims <= MAX_DIMS:
+        raise GgufHeaderError(f"tensor {name!r} has {dims} dimensions (GGUF allows 1 to {MAX_DIMS})")
+    shape = tuple(header.unpack("Q") for _ in range(dims))
+    return TensorEntry(name, shape, header.unpack("I"), header.unpack("Q"))
+
+
+def _value(header: _Header, kind: int, key: str) -> Any:
     if kind in SCALARS:
         return header.unpack(SCALARS[kind])
     if kind == STRING:
-        return header.string()
+        return header.string(f"the value of {key!r}")
     if kind == ARRAY:
         item, count = header.unpack("I"), header.unpack("Q")
         if item in SCALARS:
             header.take(count * struct.calcsize("<" + SCALARS[item]))
             return None
         for _ in range(count):
-            _value(header, item)
+            _value(header, item, key)
         return None
-    raise GgufHeaderError(f"unknown GGUF value type {kind}")
+    raise GgufHeaderError(f"unknown GGUF value type {kind} for {key!r} (at byte {header.read_bytes - 4})")

@@ -5,10 +5,12 @@ is the vision projector llama.cpp loads with `--mmproj`.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
 
+from agents.inventory import GgufHeaderError, TensorEntry, check_gguf_header
 from placement.errors import PlacementError
 from placement.spec import GgufTensors, ModelSpec
 
@@ -44,12 +46,37 @@ def _parts(path: Path) -> list[Path]:
 
 
 def _reader(path: Path) -> Any:
+    """The gguf package's reader, once the header has been walked here: on a broken file the package fails
+    with numpy's words (array shapes, dtypes), not with what is wrong with the file."""
     from gguf import GGUFReader
 
     try:
+        with path.open("rb") as file:
+            check_gguf_header(file, _entry_bytes)
+    except GgufHeaderError as exc:
+        raise PlacementError(f"{path}: broken GGUF header: {exc}") from None
+    except OSError as exc:
+        raise PlacementError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
         return GGUFReader(path)
-    except (ValueError, OSError, IndexError, KeyError) as exc:
-        raise PlacementError(f"{path}: not a readable GGUF file ({exc})") from exc
+    except Exception as exc:  # whatever numpy raises on a corrupt tensor table
+        raise PlacementError(
+            f"{path}: broken GGUF file: its tensors do not match its header (corrupt or cut short; "
+            f"the gguf reader raised {type(exc).__name__})"
+        ) from None
+
+
+def _entry_bytes(entry: TensorEntry) -> int:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(entry.kind)]
+    except (ValueError, KeyError):
+        raise ValueError(f"unknown element type {entry.kind}") from None
+    elements = math.prod(entry.shape)
+    if elements % block:
+        raise ValueError(f"shape {list(entry.shape)} is not a whole number of {block}-element blocks")
+    return elements // block * size
 
 
 def _fields(reader: Any) -> dict[str, Any]:
@@ -92,7 +119,10 @@ def _file_type(meta: dict[str, Any], readers: list[Any]) -> str:
     from gguf import GGMLQuantizationType, LlamaFileType
 
     if "general.file_type" in meta:
-        name = LlamaFileType(int(meta["general.file_type"])).name
+        try:
+            name = LlamaFileType(int(meta["general.file_type"])).name
+        except ValueError:
+            return f"type {meta['general.file_type']}"
         return name.removeprefix("MOSTLY_").replace("ALL_", "")
     biggest = max((t for r in readers for t in r.tensors), key=lambda t: t.n_bytes)
     return GGMLQuantizationType(int(biggest.tensor_type)).name
@@ -115,6 +145,17 @@ def _sliding(
 
 
 def load_gguf(path: Path, ref: str) -> ModelSpec:
+    try:
+        return _load_gguf(path, ref)
+    except PlacementError:
+        raise
+    except (ValueError, TypeError, ArithmeticError) as exc:  # a metadata value of the wrong type, or zero
+        raise PlacementError(
+            f"{path}: GGUF metadata has a value the planner cannot use ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def _load_gguf(path: Path, ref: str) -> ModelSpec:
     where = str(path)
     parts = _parts(path)
     readers = [_reader(p) for p in parts]
