@@ -8,6 +8,8 @@ import logging
 import struct
 from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 
 from agents.inventory import scan_model_dirs
@@ -83,3 +85,37 @@ def test_it_leaves_a_broken_gguf_out_of_the_inventory_saying_why_and_reports_the
     # reported, and the planner says what is wrong with it
     assert {Path(m.path).name for m in models} == {"good.gguf", "cut.gguf", "tensors.gguf"}
     assert f"model {path} left out: broken GGUF header" in caplog.text and "not UTF-8" in caplog.text
+
+
+def gguf_with(path: Path, block_count: object, file_type: int) -> Path:
+    writer = gguf.GGUFWriter(str(path), "llama")
+    if isinstance(block_count, str):
+        writer.add_string("llama.block_count", block_count)
+    else:
+        writer.add_block_count(block_count)
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(4)
+    writer.add_vocab_size(100)
+    writer.add_uint32("general.file_type", file_type)
+    writer.add_tensor("token_embd.weight", np.zeros((100, 64), dtype=np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("block_count", "file_type", "words"),
+    [
+        (2, 999, "unknown weight dtype/quantization 'type 999'"),
+        ("four", 1, "GGUF metadata has a value the planner cannot use (ValueError: invalid literal"),
+    ],
+)
+def test_it_says_what_is_wrong_with_a_well_formed_header_of_odd_values(
+    tmp_path, capsys, block_count, file_type, words
+):
+    path = gguf_with(tmp_path / "odd.gguf", block_count, file_type)
+    assert main(["plan", "--model", str(path), "--cluster", str(SEED_CLUSTER)]) == 1
+    assert words in capsys.readouterr().err
