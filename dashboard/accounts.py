@@ -6,9 +6,10 @@ from axes.helpers import get_client_ip_address, get_client_username, get_cool_of
 from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.forms import PasswordResetForm
-from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+
+from dashboard.models import RateCount
 
 
 def lockout_response(
@@ -26,16 +27,8 @@ def lockout_response(
 
 def over_limit(keys: list[str], limit: int, window_s: float) -> bool:
     """Count one event under each key (a window starts at a key's first event); True once any key has
-    had more than `limit` events in its window."""
-    counts = []
-    for key in keys:
-        cache.add(key, 0, timeout=window_s)
-        try:
-            counts.append(cache.incr(key))
-        except ValueError:  # expired between add and incr: this is the first event of a new window
-            cache.add(key, 1, timeout=window_s)
-            counts.append(1)
-    return max(counts) > limit
+    had more than `limit` events in its window. Counted in the database: every web process sees them."""
+    return max(RateCount.hit(key, window_s) for key in keys) > limit
 
 
 class PasswordResetView(auth_views.PasswordResetView):

@@ -266,8 +266,7 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "dashboard.accounts.lockout_response"
 # Password reset mails: at most PASSWORD_RESET_LIMIT per address and per client within PASSWORD_RESET_WINDOW_S
-# (counted in the cache: the ASGI process's memory, right while the web unit runs one process; with more,
-# point CACHES at Redis).
+# (counted in the database, table dashboard_ratecount: every web process counts the same requests).
 PASSWORD_RESET_LIMIT = int(envfloat("PASSWORD_RESET_LIMIT", "3"))
 PASSWORD_RESET_WINDOW_S = envfloat("PASSWORD_RESET_WINDOW_S", "3600")
 

@@ -23,7 +23,7 @@ from dashboard.models.fleet import (
     NodeModel,
     RollupRun,
 )
-from dashboard.models.leases import TaskLease
+from dashboard.models.leases import RateCount, TaskLease
 from dashboard.models.measurements import DeploymentMeasurement
 
 __all__ = [
@@ -50,5 +50,6 @@ __all__ = [
     "Notification",
     "PlanRequest",
     "RollupRun",
+    "RateCount",
     "TaskLease",
 ]

@@ -1,10 +1,12 @@
-"""Leases that keep a periodic task from running twice at once (one row per task name)."""
+"""State every server process shares through the database: leases that keep a periodic task from running twice
+at once (one row per task name), and event counts for rate limits (one row per counted key)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db import models
+from django.db import models, transaction
+from django.db.models import F
 from django.utils import timezone
 
 
@@ -31,3 +33,27 @@ class TaskLease(models.Model):
     def release(cls, name: str, until: datetime) -> None:
         """Give the lease back, unless it ran out and another run claimed it since."""
         cls.objects.filter(name=name, until=until).update(until=timezone.now() - timedelta(seconds=1))
+
+
+class RateCount(models.Model):
+    """Events counted under `key` in a window that began with the first of them and ends at `window_end`.
+    In the database, so that every web process counts the same events (a per-process cache would let each
+    process allow the limit again)."""
+
+    key = models.CharField(primary_key=True, max_length=300)
+    window_end = models.DateTimeField(db_index=True)
+    count = models.PositiveIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.count} until {self.window_end:%H:%M:%S}"
+
+    @classmethod
+    def hit(cls, key: str, window_s: float, now: datetime | None = None) -> int:
+        """Count one event under `key`; return how many it has had in its window, this one included.
+        Ended windows are dropped first (the next event starts a new one), which also keeps the table small."""
+        now = now or timezone.now()
+        with transaction.atomic():
+            cls.objects.filter(window_end__lte=now).delete()
+            cls.objects.get_or_create(key=key, defaults={"window_end": now + timedelta(seconds=window_s)})
+            cls.objects.filter(key=key).update(count=F("count") + 1)
+            return cls.objects.values_list("count", flat=True).get(key=key)

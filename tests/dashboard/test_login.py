@@ -10,10 +10,11 @@ from datetime import timedelta
 import pytest
 from axes.models import AccessAttempt
 from django.core import mail
-from django.core.cache import cache
 from django.test import Client
+from django.utils import timezone
 
 from dashboard import roles
+from dashboard.models import RateCount
 from tests.personas import person
 
 pytestmark = pytest.mark.django_db
@@ -25,9 +26,6 @@ def quick_settings(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.AXES_FAILURE_LIMIT, settings.AXES_COOLOFF_TIME = 5, timedelta(minutes=15)
     settings.PASSWORD_RESET_LIMIT, settings.PASSWORD_RESET_WINDOW_S = 3, 3600
-    cache.clear()  # the reset counts live in the cache, which outlives a test
-    yield
-    cache.clear()
 
 
 @pytest.fixture
@@ -137,3 +135,11 @@ def test_it_counts_addresses_without_an_account_so_the_refusal_tells_nothing(pia
     refused = ask_reset("nobody@example.com", address="10.0.2.4")
     assert refused.status_code == 200 and "Too many password reset requests" in refused.content.decode()
     assert not mail.outbox
+
+
+def test_it_starts_a_new_window_once_the_last_one_ended(pia):
+    start = timezone.now()
+    assert [RateCount.hit("k", 60, now=start + timedelta(seconds=s)) for s in (0, 10, 59)] == [1, 2, 3]
+    assert RateCount.hit("k", 60, now=start + timedelta(seconds=60)) == 1
+    assert RateCount.hit("other", 60, now=start + timedelta(seconds=200)) == 1
+    assert list(RateCount.objects.values_list("key", flat=True)) == ["other"]  # ended windows are dropped
