@@ -80,9 +80,18 @@ def measure(deployment: Deployment) -> DeploymentMeasurement:
     facts = read_startup(startup_lines(deployment))
     row.weights_gib, row.kv_tokens = facts.weights_gib, facts.kv_tokens
     row.kv_cache_gib, row.max_concurrency = facts.kv_cache_gib, facts.max_concurrency
-    row.streams, row.stream_tok_s, row.total_tok_s, row.decode_intervals = decode_figures(deployment)
+    figures = decode_figures(deployment)
+    if not figures[3]:  # no metric rows (any more: METRIC_RETENTION_DAYS): what was measured from them stands
+        figures = measured_decode(deployment) or figures
+    row.streams, row.stream_tok_s, row.total_tok_s, row.decode_intervals = figures
     row.save()
     return row
+
+
+def measured_decode(deployment: Deployment) -> tuple[float | None, float | None, float | None, int] | None:
+    """The decode figures recorded for the deployment earlier, if any were measured."""
+    earlier = DeploymentMeasurement.objects.filter(deployment=deployment, decode_intervals__gt=0)
+    return earlier.values_list("streams", "stream_tok_s", "total_tok_s", "decode_intervals").first()
 
 
 def measure_recent() -> int:

@@ -7,6 +7,7 @@ HOUR_RETENTION_DAYS). It works by sample id, not by time: a sample an agent repl
 the server was away) is merged into its minute and hour when it arrives, not lost from them.
 
 Retention deletes in bounded batches (one short transaction each), raw rows only once they are rolled up.
+A deployment's metric intervals (DeploymentMetric, one per scrape) are kept METRIC_RETENTION_DAYS.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Max
 
-from dashboard.models import Gpu, GpuHour, GpuMinute, GpuSample, RollupRun
+from dashboard.models import DeploymentMetric, Gpu, GpuHour, GpuMinute, GpuSample, RollupRun
 from dashboard.models.fleet import ROLLUP_METRICS, GpuRollup
 
 ROLL_CHUNK_IDS = 500_000  # raw ids folded per transaction: a backlog after downtime goes in bounded steps
 DELETE_BATCH = 20_000  # raw rows deleted per transaction
 GPU_BATCH = 500  # GPUs whose expired rollups are deleted per statement
+METRIC_BATCH = 20_000  # deployment metric rows deleted per transaction
 TIERS = (GpuMinute, GpuHour)
 
 
@@ -33,6 +35,7 @@ class StorageRun:
     deleted_raw: int = 0
     deleted_minutes: int = 0
     deleted_hours: int = 0
+    deleted_metrics: int = 0
 
 
 def maintain(now: datetime) -> StorageRun:
@@ -41,6 +44,7 @@ def maintain(now: datetime) -> StorageRun:
     run.deleted_raw = prune_raw(now - timedelta(hours=settings.SAMPLE_RETENTION_HOURS))
     run.deleted_minutes = prune_tier(GpuMinute, now - timedelta(days=settings.MINUTE_RETENTION_DAYS))
     run.deleted_hours = prune_tier(GpuHour, now - timedelta(days=settings.HOUR_RETENTION_DAYS))
+    run.deleted_metrics = prune_metrics(now - timedelta(days=settings.METRIC_RETENTION_DAYS))
     return run
 
 
@@ -136,3 +140,17 @@ def prune_tier(tier: type[GpuRollup], cutoff: datetime) -> int:
             rows = tier.objects.filter(gpu_id__in=gpu_ids[i : i + GPU_BATCH], start__lt=before)
             deleted += rows.delete()[0]
     return deleted
+
+
+def prune_metrics(cutoff: datetime) -> int:
+    """Delete deployment metric rows older than `cutoff`, oldest first, about METRIC_BATCH per transaction
+    (by time: the rows at the batch's last time go with it)."""
+    deleted = 0
+    while True:
+        with transaction.atomic():
+            expired = DeploymentMetric.objects.filter(t__lt=cutoff)
+            edge = expired.order_by("t").values_list("t", flat=True)[METRIC_BATCH - 1 : METRIC_BATCH].first()
+            batch = expired if edge is None else expired.filter(t__lte=edge)
+            deleted += batch.delete()[0]
+        if edge is None:
+            return deleted

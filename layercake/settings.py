@@ -246,6 +246,9 @@ SAMPLE_RETENTION_HOURS = envfloat("SAMPLE_RETENTION_HOURS", "1")
 MINUTE_RETENTION_DAYS = envfloat("MINUTE_RETENTION_DAYS", "7")
 HOUR_RETENTION_DAYS = envfloat("HOUR_RETENTION_DAYS", "90")
 LOG_RETENTION_HOURS = envfloat("LOG_RETENTION_HOURS", "24")
+# A deployment's metric intervals (tokens/s, TTFT, queue: one row per scrape) for its charts; what calibration
+# measured from them stays after they go.
+METRIC_RETENTION_DAYS = envfloat("METRIC_RETENTION_DAYS", "7")
 STORAGE_EVERY_S = envfloat("STORAGE_EVERY_S", "30")
 INGEST_FLUSH_SECONDS = envfloat("INGEST_FLUSH_SECONDS", "0.25")
 FANOUT_SECONDS = envfloat("FANOUT_SECONDS", "0.5")

@@ -395,7 +395,10 @@ class DeploymentMetric(models.Model):
 
     class Meta:
         ordering = ["deployment", "t"]
-        indexes = [models.Index(fields=["deployment", "t"], name="metric_deployment_time")]
+        indexes = [
+            models.Index(fields=["deployment", "t"], name="metric_deployment_time"),
+            models.Index(fields=["t"], name="metric_time"),  # retention (storage.prune_metrics)
+        ]
 
     def __str__(self) -> str:
         return f"{self.deployment_id} @ {self.t:%H:%M:%S}"
