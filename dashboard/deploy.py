@@ -21,7 +21,7 @@ from dashboard.fleet import latest_samples
 from dashboard.jobs import Job, LaunchMembers, StopProcesses
 from dashboard.models import Deployment, DeploymentEvent, DeploymentMember, Node, PlanRequest
 from dashboard.models.deployments import member_failure_text
-from dashboard.node_models import reported_spec
+from dashboard.node_models import holder_names, reported_spec
 from placement import PlacementError, Request, check_command, load_cluster, plan
 from placement.plan_model import Plan, PlanSettings
 from placement.spec import load_model_within, spec_from_hf_config
@@ -108,7 +108,7 @@ def finish_planning(row: PlanRequest, status: str, error: str, result: dict[str,
 
 
 def compute_plans(row: PlanRequest) -> dict[str, Any]:
-    fleet = fleet_cluster()
+    fleet = fleet_cluster(model_nodes(row))
     if not fleet["nodes"]:
         raise PlacementError("no node has reported its GPUs yet: start an agent first")
     cluster = load_cluster(fleet)
@@ -123,6 +123,27 @@ def compute_plans(row: PlanRequest) -> dict[str, Any]:
         decode_factors=calibration.fleet_factors(),
     )
     return plan(request_model(row), cluster, request).to_json(limit=PLAN_LIMIT, rejected_limit=REJECTED_LIMIT)
+
+
+def model_nodes(row: PlanRequest) -> list[Node] | None:
+    """The nodes a plan may use: every node for a catalog name or HF id (the backend fetches it), only the nodes
+    whose agents reported the files for a path an agent reported (the launch names that path, and no other
+    node has it). Raises PlacementError when the request pins a node without the files, or none of them has
+    reported its GPUs."""
+    holders = holder_names(row.model_ref)
+    if not holders:
+        return None
+    where = ", ".join(holders)
+    if row.node is not None and row.node.name not in holders:
+        raise PlacementError(
+            f"{row.model_ref} is only on {where} (as their agents reported); node {row.node.name} has no copy: "
+            f"plan it on {where}, or pick a catalog name that any node can download"
+        )
+    nodes = Node.objects.filter(name__in=holders, topology__isnull=False).prefetch_related("gpus")
+    found = [n for n in nodes if n.gpus.all()]
+    if not found:
+        raise PlacementError(f"{row.model_ref} is only on {where}, and none of them has reported its GPUs yet")
+    return found
 
 
 def request_model(row: PlanRequest):
