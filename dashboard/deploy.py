@@ -121,6 +121,7 @@ def compute_plans(row: PlanRequest) -> dict[str, Any]:
         node=row.node.name if row.node else None,
         backend=row.backend or None,
         decode_factors=calibration.fleet_factors(),
+        backend_version=row.backend_version or None,
     )
     return plan(request_model(row), cluster, request).to_json(limit=PLAN_LIMIT, rejected_limit=REJECTED_LIMIT)
 
@@ -142,7 +143,9 @@ def model_nodes(row: PlanRequest) -> list[Node] | None:
     nodes = Node.objects.filter(name__in=holders, topology__isnull=False).prefetch_related("gpus")
     found = [n for n in nodes if n.gpus.all()]
     if not found:
-        raise PlacementError(f"{row.model_ref} is only on {where}, and none of them has reported its GPUs yet")
+        raise PlacementError(
+            f"{row.model_ref} is only on {where}, and none of them has reported its GPUs yet"
+        )
     return found
 
 
