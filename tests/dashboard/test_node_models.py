@@ -118,7 +118,9 @@ def test_it_refuses_a_reported_model_on_a_node_without_its_files(model_dir, sett
     client.force_login(user)
     row = plan_from_the_form(client, queued, model=path, node=other.name)
     assert row.status == PlanStatus.FAILED
-    assert row.error.startswith(f"{path} is only on h100-box (as their agents reported); node h100-other has no")
+    assert row.error.startswith(
+        f"{path} is only on h100-box (as their agents reported); node h100-other has no"
+    )
     token = ApiToken.issue(user, "api", "operate", 30)[1]
     api = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
     body = {"model": path, "max_model_len": 8192, "node": "h100-other"}
