@@ -21,7 +21,7 @@ from dashboard.fleet import latest_samples
 from dashboard.jobs import Job, LaunchMembers, StopProcesses
 from dashboard.models import Deployment, DeploymentEvent, DeploymentMember, Node, PlanRequest
 from dashboard.models.deployments import member_failure_text
-from dashboard.node_models import reported_spec
+from dashboard.node_models import holder_names, reported_spec
 from placement import PlacementError, Request, check_command, load_cluster, plan
 from placement.cluster import Cluster, NodeRejection
 from placement.plan_model import Plan, PlanSettings
@@ -62,9 +62,10 @@ def _why_not_plannable(node: Node) -> str:
     )
 
 
-def live_cluster() -> Cluster:
-    """The live fleet as the planner takes it, with the nodes it cannot plan among the rejected."""
-    fleet, left_out = fleet_cluster(), not_plannable()
+def live_cluster(nodes: list[Node] | None = None) -> Cluster:
+    """The live fleet as the planner takes it (or only `nodes`, those that hold a reported model), with the
+    nodes it cannot plan among the rejected."""
+    fleet, left_out = fleet_cluster(nodes), not_plannable() if nodes is None else []
     if not fleet["nodes"]:
         why = "; ".join(r.reason for r in left_out)
         raise PlacementError(
@@ -142,7 +143,7 @@ def finish_planning(row: PlanRequest, status: str, error: str, result: dict[str,
 
 
 def compute_plans(row: PlanRequest) -> dict[str, Any]:
-    cluster = live_cluster()
+    cluster = live_cluster(model_nodes(row))
     gpus = tuple(int(g) for g in row.gpus.split(",") if g.strip()) or None
     request = Request(
         max_model_len=row.max_model_len,
@@ -152,8 +153,32 @@ def compute_plans(row: PlanRequest) -> dict[str, Any]:
         node=row.node.name if row.node else None,
         backend=row.backend or None,
         decode_factors=calibration.fleet_factors(),
+        backend_version=row.backend_version or None,
     )
     return plan(request_model(row), cluster, request).to_json(limit=PLAN_LIMIT, rejected_limit=REJECTED_LIMIT)
+
+
+def model_nodes(row: PlanRequest) -> list[Node] | None:
+    """The nodes a plan may use: every node for a catalog name or HF id (the backend fetches it), only the nodes
+    whose agents reported the files for a path an agent reported (the launch names that path, and no other
+    node has it). Raises PlacementError when the request pins a node without the files, or none of them has
+    reported its GPUs."""
+    holders = holder_names(row.model_ref)
+    if not holders:
+        return None
+    where = ", ".join(holders)
+    if row.node is not None and row.node.name not in holders:
+        raise PlacementError(
+            f"{row.model_ref} is only on {where} (as their agents reported); node {row.node.name} has no copy: "
+            f"plan it on {where}, or pick a catalog name that any node can download"
+        )
+    nodes = Node.objects.filter(name__in=holders, topology__isnull=False).prefetch_related("gpus")
+    found = [n for n in nodes if n.gpus.all()]
+    if not found:
+        raise PlacementError(
+            f"{row.model_ref} is only on {where}, and none of them has reported its GPUs yet"
+        )
+    return found
 
 
 def request_model(row: PlanRequest):

@@ -8,6 +8,8 @@ from django import forms
 
 from dashboard.models import Alert, Node, PlanRequest
 from dashboard.node_models import model_options
+from placement import PlacementError
+from placement.request import parse_version
 
 BACKENDS = [
     ("", "any"),
@@ -46,6 +48,13 @@ class DeployForm(forms.Form):
         label="Tensor parallel",
         help_text="1 = no tensor parallelism (pipeline / layer split only); empty = any",
     )
+    backend_version = forms.CharField(
+        max_length=40,
+        required=False,
+        label="vLLM version",
+        help_text="e.g. 0.7.3: plans with the non-torch memory that release's profiler counts; empty = the "
+        "pessimistic default",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -56,6 +65,15 @@ class DeployForm(forms.Form):
         value = self.cleaned_data["gpus"].replace(" ", "")
         if value and not re.fullmatch(r"\d{1,3}(,\d{1,3})*", value):
             raise forms.ValidationError("GPUs are indices separated by commas, e.g. 0,1,2,3")
+        return value
+
+    def clean_backend_version(self) -> str:
+        value = self.cleaned_data["backend_version"].strip()
+        if value:
+            try:
+                parse_version(value)
+            except PlacementError as exc:
+                raise forms.ValidationError(str(exc)) from None
         return value
 
     def clean_config(self) -> dict | None:
@@ -93,6 +111,7 @@ class DeployForm(forms.Form):
             backend=d["backend"],
             gpus=d["gpus"],
             tp=d["tp"],
+            backend_version=d["backend_version"],
         )
 
     def problems(self) -> str:

@@ -100,3 +100,10 @@ def reported_spec(ref: str) -> ModelSpec | None:
         if isinstance(exc, PlacementError):
             raise
         raise PlacementError(f"{source}: missing or odd field {exc}") from None
+
+
+def holder_names(ref: str) -> list[str]:
+    """The nodes whose agents reported a model at path `ref`, sorted; empty when `ref` is not such a path (a
+    catalog name or HF id, which any node can fetch)."""
+    rows = NodeModel.objects.filter(path=ref).values_list("node__name", flat=True)
+    return sorted(set(rows))

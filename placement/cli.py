@@ -59,6 +59,9 @@ def _parser() -> Parser:
     )
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument(
+        "--backend-version", help="vLLM release that will serve, e.g. 0.7.3 (selects its non-torch memory)"
+    )
+    p.add_argument(
         "--split-mode",
         default="layer",
         choices=["layer", "row", "tensor"],
@@ -95,6 +98,7 @@ def _request(args: argparse.Namespace) -> Request:
         decode_context=args.decode_context,
         enforce_eager=args.enforce_eager,
         split_mode=args.split_mode,
+        backend_version=args.backend_version,
     )
 
 

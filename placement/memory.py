@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from placement.cluster import GPU
 from placement.layout import Layout
-from placement.request import SGLANG, Settings
+from placement.request import SGLANG, Settings, parse_version
 from placement.spec import ModelSpec
 from placement.weights import WeightBytes
 
@@ -24,6 +24,44 @@ NON_TORCH_GIB = 0.35  # vllm#10517 log: non_torch_memory=0.35GiB (TP=1)
 # More than one rank adds NCCL and custom all-reduce buffers outside torch: vllm PR #10511's H100 logs of one
 # model at TP1 and TP2 show non_torch_memory 1.79 -> 3.58 GiB (fixture vllm_memory_profile_pr10511.txt).
 TP_NON_TORCH_GIB = 1.79
+
+
+@dataclass(frozen=True)
+class NonTorchBand:
+    """What vLLM's memory profiler of the releases [since, until) counts as non-torch memory per rank, from
+    public logs of such a release (`source`): at TP1, and at TP>1."""
+
+    since: tuple[int, ...]
+    until: tuple[int, ...]
+    tp1_gib: float
+    tp_many_gib: float
+    source: str
+
+
+# Releases with public profiling lines; any other version (or none given) keeps NON_TORCH_GIB and
+# NON_TORCH_GIB + TP_NON_TORCH_GIB, the pessimistic pair (V1, the default engine from 0.8.0, logs no
+# non-torch figure at INFO level).
+VLLM_NON_TORCH = (
+    NonTorchBand(
+        (0, 6, 5), (0, 7, 0), 1.79, 3.58, "vllm PR #10511's H100 logs (released in 0.6.5), TP1 and TP2"
+    ),
+    NonTorchBand(
+        (0, 7, 0),
+        (0, 8, 0),
+        0.16,
+        0.20,
+        "vllm PR #12126's H100 log (0.7.0) at TP1; PR #14447's V0 log of 0.8.3rc2 at TP16 (same profiler)",
+    ),
+)
+
+
+def non_torch_band(version: str | None) -> NonTorchBand | None:
+    if not version:
+        return None
+    release = parse_version(version)
+    return next((b for b in VLLM_NON_TORCH if b.since <= release < b.until), None)
+
+
 NCCL_GIB = 0.10  # pipeline ranks only (no TP): NCCL send/recv buffers, no all-reduce buffers
 # vLLM and SGLang budget from the total CUDA reports (torch.cuda.mem_get_info), which is below NVML's total
 # by what the driver keeps: H100 81559 MiB (79.65 GiB) in NVML, total_gpu_memory 79.22 GiB in vLLM's log.
@@ -134,6 +172,16 @@ def non_torch_extra(layout: Layout) -> float:
     if layout.tp > 1:
         return TP_NON_TORCH_GIB
     return NCCL_GIB if len(layout.gpus) > 1 else 0.0
+
+
+def non_torch_gib(layout: Layout, settings: Settings) -> float:
+    """Non-torch memory per rank: the figure public logs of the requested vLLM release show, else the default."""
+    band = non_torch_band(settings.request.backend_version) if settings.backend != SGLANG else None
+    if band is None:
+        return NON_TORCH_GIB + non_torch_extra(layout)
+    if layout.tp > 1:
+        return band.tp_many_gib
+    return band.tp1_gib + (NCCL_GIB if len(layout.gpus) > 1 else 0.0)
 
 
 def cuda_total_gib(gpu: GPU) -> float:
@@ -261,7 +309,7 @@ def vllm_family_memory(model: ModelSpec, wb: WeightBytes, layout: Layout, settin
         activation_bytes(model, layout.tp, tokens, seqs, s == 0, s == layout.pp - 1) / GIB
         for s in range(layout.pp)
     ]
-    non_torch = NON_TORCH_GIB + non_torch_extra(layout)
+    non_torch = non_torch_gib(layout, settings)
     # vLLM captures graphs outside its budget; SGLang keeps activations, graphs and non-torch memory outside.
     outside = graphs + (max(peaks) + non_torch if sglang else 0.0)
     fraction, risks, problems = choose_fraction(layout, settings, outside)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from placement.dtypes import GGUF, HF, KV_BYTES, WeightFormat, format_for_family, kv_dtype, weight_format
@@ -45,6 +46,9 @@ class Request:
     # The fleet's own calibration: (GPU table row, backend, TP link class, factor) per key that has enough
     # measured deployments (placement.calibration.fleet_factor); decode predictions are multiplied by it.
     decode_factors: tuple[tuple[str, str, str, float], ...] = ()
+    # The vLLM release that will serve (e.g. "0.7.3"): selects the non-torch memory its profiler counts
+    # (placement.memory.VLLM_NON_TORCH); None keeps the pessimistic default.
+    backend_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -100,9 +104,19 @@ def validate(request: Request) -> Request:
         if failed:
             raise PlacementError(message)
     _check_shape(request)
+    if request.backend_version is not None:
+        parse_version(request.backend_version)
     if request.backend:
         return replace(request, backend=normalize_backend(request.backend))
     return request
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """(0, 8, 3) from '0.8.3', 'v0.8.3rc2.dev224+g49c0d11ec' or '0.8'."""
+    match = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
+    if not match:
+        raise PlacementError(f"backend version must look like 0.8.3, got '{text}'")
+    return tuple(int(part) for part in match.groups(default="0"))
 
 
 def _check_shape(request: Request) -> None:

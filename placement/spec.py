@@ -230,8 +230,28 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     for key in ("text_config", "llm_config", "language_config"):
         nested = config.get(key)
         if isinstance(nested, dict) and "hidden_size" in nested:
-            return {**{k: v for k, v in config.items() if k != key}, **nested}
-    return config
+            return _with_chatglm_names({**{k: v for k, v in config.items() if k != key}, **nested})
+    return _with_chatglm_names(config)
+
+
+# ChatGLM's own config class (glm-4-9b-chat, chatglm3-6b: model_type "chatglm") names the geometry its way;
+# vLLM's ChatGLM model reads these keys. GLM-4-0414 (model_type "glm4") and the "-hf" ports use the standard names.
+CHATGLM_NAMES = {
+    "num_hidden_layers": "num_layers",
+    "intermediate_size": "ffn_hidden_size",
+    "head_dim": "kv_channels",
+    "vocab_size": "padded_vocab_size",
+    "max_position_embeddings": "seq_length",
+}
+
+
+def _with_chatglm_names(text: dict[str, Any]) -> dict[str, Any]:
+    if text.get("model_type") != "chatglm":
+        return text
+    named = {standard: text[own] for standard, own in CHATGLM_NAMES.items() if own in text}
+    if text.get("multi_query_attention") and "multi_query_group_num" in text:
+        named["num_key_value_heads"] = text["multi_query_group_num"]
+    return {**text, **named}
 
 
 # Architectures whose HF config class interleaves sliding and full attention when the config has no

@@ -55,7 +55,10 @@ def plan_detail(request: HttpRequest, plan_id: int) -> dict[str, Any]:
         "status_since": row.status_since,
         "model": row.model_ref,
         "node": row.node.name if row.node else None,
-        **{name: getattr(row, name) for name in ("max_model_len", "concurrency", "backend", "gpus", "tp")},
+        **{
+            name: getattr(row, name)
+            for name in ("max_model_len", "concurrency", "backend", "gpus", "tp", "backend_version")
+        },
         "plans": [
             {
                 "number": item["number"],

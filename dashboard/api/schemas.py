@@ -113,6 +113,9 @@ class PlanIn(Schema):
     backend: str = Field("", description="vllm, sglang, llama.cpp or ollama; empty: any")
     gpus: str = Field("", description="GPU indices, e.g. 0,1; empty: any")
     tp: int | None = Field(None, description="tensor-parallel size; 1: none; null: any")
+    backend_version: str = Field(
+        "", description="the vLLM release that will serve, e.g. 0.7.3; empty: unknown"
+    )
 
 
 class PlanAccepted(Schema):
@@ -141,6 +144,7 @@ class PlanRequestOut(Schema):
     backend: str
     gpus: str
     tp: int | None
+    backend_version: str
     plans: list[RankedPlan] = Field(description="best first")
     rejected: list[dict[str, Any]] = Field(description="configurations and nodes left out, with the reasons")
 

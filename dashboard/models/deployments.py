@@ -39,6 +39,9 @@ class PlanRequest(models.Model):
     backend = models.CharField(max_length=20, blank=True)
     gpus = models.CharField(max_length=200, blank=True, help_text="comma-separated GPU indices")
     tp = models.PositiveSmallIntegerField(null=True, blank=True, help_text="tensor-parallel size (1: none)")
+    backend_version = models.CharField(
+        max_length=40, blank=True, help_text="the vLLM release that will serve (selects its non-torch memory)"
+    )
     status = models.CharField(max_length=10, choices=PlanStatus.choices(), default=PlanStatus.QUEUED)
     status_since = models.DateTimeField(default=timezone.now)
     attempts = models.PositiveSmallIntegerField(default=0, help_text="how many times planning started")

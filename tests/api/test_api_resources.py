@@ -277,3 +277,25 @@ def test_it_answers_a_body_that_is_not_json_in_the_one_error_shape(world):
     assert response.status_code in (400, 422)
     assert set(response.json()["error"]) == {"code", "message", "field"}
     assert PlanRequest.objects.count() == 1
+
+
+def test_it_plans_with_the_non_torch_memory_of_the_vllm_release_asked_for(world):
+    """Issue #14 item 1.6: the deploy form's and the API's vLLM version selects what that release's profiler
+    counts as non-torch memory (0.7.x: 0.16 GiB at TP1); no version keeps the pessimistic 0.35 GiB."""
+    outcomes = {}
+    for version in ("0.7.3", ""):
+        fields = {"model": "Qwen/Qwen3-8B", "max_model_len": 4096, "backend": "vllm", "tp": 1}
+        response = post(
+            world.client(roles.OPERATOR), "/api/v1/plans/", {**fields, "backend_version": version}
+        )
+        assert response.status_code == 202, response.content
+        deploy.run_plan_request(response.json()["id"])
+        outcomes[version] = world.client(roles.VIEWER, "read").get(response.json()["url"]).json()
+    assert outcomes["0.7.3"]["backend_version"] == "0.7.3"
+    breakdowns = {v: o["plans"][0]["plan"]["breakdown"][0] for v, o in outcomes.items()}
+    assert (breakdowns["0.7.3"]["non_torch_gib"], breakdowns[""]["non_torch_gib"]) == (0.16, 0.35)
+    assert breakdowns["0.7.3"]["kv_tokens"] > breakdowns[""]["kv_tokens"]
+    bad = post(world.client(roles.OPERATOR), "/api/v1/plans/", {"model": MODEL, "backend_version": "latest"})
+    assert bad.status_code == 422
+    assert bad.json()["error"]["field"] == "backend_version"
+    assert bad.json()["error"]["message"] == "backend version must look like 0.8.3, got 'latest'"

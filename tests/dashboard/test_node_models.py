@@ -4,15 +4,18 @@ the agent sent, for a checkpoint the server itself cannot read."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from django.test import Client
 
 from agents import protocol
 from agents.inventory import scan_model_dirs
+from dashboard import deploy, tasks
 from dashboard.choices import PlanStatus
 from dashboard.ingest import apply_hello
-from dashboard.models import Node, NodeModel
+from dashboard.models import ApiToken, Node, NodeModel, PlanRequest
 from dashboard.node_models import model_options, reported_models
 from tests.agents.test_inventory import gguf_file, hf_folder
 from tests.dashboard.test_deploy import planned
@@ -70,3 +73,59 @@ def test_it_offers_reported_models_by_name_in_the_deploy_form(model_dir: Path, c
     assert 'list="model-options"' in page
     assert f'<option value="{model_dir / "gemma-2-9b-it"}">gemma-2-9b-it on h100-box (hf' in page
     assert '<option value="Qwen3-8B">built-in catalog</option>' in page
+
+
+@pytest.fixture
+def queued(monkeypatch) -> list[int]:
+    """Plan requests the form or the API queued (run by the test as the worker would)."""
+    ids: list[int] = []
+    monkeypatch.setattr(tasks.plan_request, "delay", ids.append)
+    return ids
+
+
+def plan_from_the_form(client, queued: list[int], **fields) -> PlanRequest:
+    data = {"max_model_len": 8192, "concurrency": 1, **fields}
+    response = client.post("/deploy/", data)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    return deploy.run_plan_request(queued[-1])
+
+
+def nodes_of(plan: dict) -> set[str]:
+    return {*(plan.get("nodes") or [plan["node"]]), *plan.get("equivalent_nodes", [])}
+
+
+def test_it_plans_a_reported_only_model_on_the_nodes_that_have_its_files(model_dir, settings, client, queued):
+    """gemma-2-9b-it is on h100-box only; h100-other is the same hardware with no copy, so without the pin the
+    plan would list it as an equivalent node and a launch there would not find the files."""
+    settings.MODEL_DIRS = []
+    node_reporting("h100-box", "sim:h100x8", scan_model_dirs([model_dir]))
+    node_reporting("h100-other", "sim:h100x8", [])
+    path = str(model_dir / "gemma-2-9b-it")
+    client.force_login(operator())
+    row = plan_from_the_form(client, queued, model=path)
+    assert row.status == PlanStatus.DONE, row.error
+    assert row.result["plans"] and all(nodes_of(p) == {"h100-box"} for p in row.result["plans"])
+    catalog_row = plan_from_the_form(client, queued, model="gemma-2-9b-it")  # any node can download it
+    assert {"h100-box", "h100-other"} <= set().union(*map(nodes_of, catalog_row.result["plans"]))
+
+
+def test_it_refuses_a_reported_model_on_a_node_without_its_files(model_dir, settings, client, queued):
+    settings.MODEL_DIRS = []
+    node_reporting("h100-box", "sim:h100x8", scan_model_dirs([model_dir]))
+    other = node_reporting("h100-other", "sim:h100x8", [])
+    path = str(model_dir / "gemma-2-9b-it")
+    user = operator()
+    client.force_login(user)
+    row = plan_from_the_form(client, queued, model=path, node=other.name)
+    assert row.status == PlanStatus.FAILED
+    assert row.error.startswith(
+        f"{path} is only on h100-box (as their agents reported); node h100-other has no"
+    )
+    token = ApiToken.issue(user, "api", "operate", 30)[1]
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
+    body = {"model": path, "max_model_len": 8192, "node": "h100-other"}
+    response = api.post("/api/v1/plans/", json.dumps(body), content_type="application/json")
+    assert response.status_code == 202, response.content
+    deploy.run_plan_request(queued[-1])
+    outcome = api.get(response.json()["url"]).json()
+    assert (outcome["status"], outcome["error"]) == ("failed", row.error)

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from placement import PlacementError, Request, load_cluster, load_model, plan
-from placement.spec import catalog_names, hf_catalog
+from placement.spec import catalog_names, hf_catalog, spec_from_hf_config
 from tests.fixtures import FIXTURES, fixture_files, read_fixture
 
 CONFIGS = [p for p in fixture_files("configs") if "hf_repo" in read_fixture(p)[0]]
@@ -39,10 +39,12 @@ PUBLISHED_B = {
     "Qwen3-0.6B": 0.6,
     "Qwen3-1.7B": 1.7,
     "Qwen3-8B": 8.2,
+    "Qwen3-235B-A22B": 235.0,  # model card: 235B in total, 22B activated
     "gemma-2-27b-it": 27.2,
     "gemma-2-2b-it": 2.61,
     "gemma-2-9b-it": 9.24,
     "gemma-3-1b-it": 1.0,
+    "phi-4": 14.7,
 }
 
 
@@ -110,3 +112,52 @@ def test_it_caches_one_latent_per_token_and_layer_for_deepseek_mla() -> None:
     stage_layers = best.layout.layers[0]
     latent_bytes = stage_layers * (512 + 64) * 2  # whole on every TP rank, 16-bit KV
     assert per_gpu.kv_tokens == pytest.approx(per_gpu.parts["kv_cache"] * 2**30 / latent_bytes, rel=0.02)
+
+
+def test_it_models_qwen3_moe_experts_per_tp_rank() -> None:
+    """Qwen3-235B-A22B at TP8: 128 experts of moe_intermediate_size 1536 in all 94 layers (the dense
+    intermediate_size 12288 is unused), 4 KV heads so each of 8 ranks keeps one whole head."""
+    spec = load_model("Qwen/Qwen3-235B-A22B")
+    assert (spec.num_experts, spec.experts_per_tok, spec.expert_intermediate) == (128, 8, 1536)
+    assert spec.active_params / 1e9 == pytest.approx(22.0, rel=0.02)  # model card: 22B activated
+    assert spec.kv_elements_per_token() == 2 * 94 * 4 * 128
+    cluster = load_cluster({"nodes": [h100_node("a")]})
+    best = plan(spec, cluster, Request(max_model_len=8192, backend="vllm", tp=8)).best
+    assert best is not None and (best.layout.tp, best.layout.pp) == (8, 1)
+    hidden, layers, vocab = 4096, 94, 151936
+    q_o, k_v = 2 * hidden * 64 * 128, 2 * hidden * 4 * 128
+    experts, router, norms = 128 * 3 * hidden * 1536, hidden * 128, 2 * hidden + 2 * 128
+    per_rank = layers * (q_o / 8 + k_v / 4 + experts / 8 + router + norms) + 2 * vocab * hidden / 8 + hidden
+    gpu = best.memory.gpus[0]
+    assert gpu.parts["weights"] == pytest.approx(per_rank * 2 / 2**30, rel=0.005)
+    one_head_bytes = layers * 2 * 1 * 128 * 2  # K and V of one head per layer, 16 bit
+    assert gpu.kv_tokens == pytest.approx(gpu.parts["kv_cache"] * 2**30 / one_head_bytes, rel=0.001)
+
+
+def test_it_reads_chatglm_field_names_as_glm_4_9b_chat_uses_them() -> None:
+    """glm-4-9b-chat's config.json (model_type chatglm) says num_layers, ffn_hidden_size, kv_channels,
+    multi_query_group_num, padded_vocab_size and seq_length. No verbatim copy of it is in the searchable index,
+    so this is a test input with those key names and the geometry its GGUF metadata prints (ollama/ollama#5563:
+    block_count 40, embedding_length 4096, feed_forward_length 13696, head_count 32, head_count_kv 2, 151,552
+    tokens; llama.cpp#8031: context_length 131072); the model card says 9.4B parameters."""
+    chatglm = {
+        "architectures": ["ChatGLMModel"],
+        "model_type": "chatglm",
+        "hidden_size": 4096,
+        "num_layers": 40,
+        "num_attention_heads": 32,
+        "multi_query_attention": True,
+        "multi_query_group_num": 2,
+        "kv_channels": 128,
+        "ffn_hidden_size": 13696,
+        "padded_vocab_size": 151552,
+        "seq_length": 131072,
+        "torch_dtype": "bfloat16",
+    }
+    spec = spec_from_hf_config(chatglm, "glm-4-9b-chat", "THUDM/glm-4-9b-chat", "test input")
+    assert (spec.num_layers, spec.num_kv_heads, spec.head_dim) == (40, 2, 128)
+    assert (spec.intermediate_size, spec.vocab_size, spec.max_position_embeddings) == (13696, 151552, 131072)
+    assert spec.kv_elements_per_token() == 2 * 40 * 2 * 128
+    assert spec.total_params / 1e9 == pytest.approx(9.4, rel=0.01)
+    with pytest.raises(PlacementError, match="num_hidden_layers"):
+        spec_from_hf_config({**chatglm, "model_type": "glm4"}, "x", "x", "test input")
