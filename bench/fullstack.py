@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.ingest import (  # noqa: E402
+    WAVE_TIMEOUT_S,
     agents_argv,
     cpu_seconds,
     make_fleet,
@@ -258,10 +259,12 @@ async def measure(
     agents = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.PIPE, cwd=ROOT)
     try:
         began = time.time()
-        while len(feed.bench_online) < args.agents:
+        while len(feed.bench_online) < args.agents and time.time() - began < WAVE_TIMEOUT_S:
+            if agents.returncode is not None:
+                raise RuntimeError(f"the agents process exited: {len(feed.bench_online)} nodes online")
             await asyncio.sleep(0.1)
-        ready.touch()
-        window = {"wave_s": round(time.time() - began, 1)}
+        ready.touch()  # after the timeout too: the window then measures a fleet that never came up
+        window = {"wave_s": round(time.time() - began, 1), "online_after_wave": len(feed.bench_online)}
         await asyncio.sleep(args.settle)
         window["start"], cpu_before = time.time(), cpu_snapshot([stack_pid, agents.pid])
         until = window["start"] + args.seconds
@@ -344,6 +347,8 @@ def summarize(args, outcome: dict, figures: dict, detect: dict, restarts: int, l
         "demo": args.demo,
         "connect_s": agents["connect_s"],
         "wave_s": outcome["wave_s"],
+        "online_after_wave": outcome["online_after_wave"],
+        "connected_after_wave": agents["connected_after_wave"],
         **feed_figures(outcome["feed"], outcome["start"], outcome["end"]),
         "handshake_timeouts": sum(n for cause, n in losses.items() if "handshake" in cause),
         "agent_connection_losses": losses,

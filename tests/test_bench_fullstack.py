@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import logging
 from datetime import datetime
 
+from agents.runner import log as agent_log
 from bench.fullstack import evaluate_fleet_runs, label_for
 from bench.ingest import ConnectionLosses
 
@@ -39,18 +39,17 @@ def test_it_gives_no_runs_for_a_missing_log(tmp_path):
 def test_it_counts_the_agents_connection_losses_by_cause():
     losses = ConnectionLosses.attach()
     try:
-        runner = logging.getLogger("agents.runner")
-        runner.warning(
+        agent_log.warning(
             "connection to %s lost: %s", "http://x", TimeoutError("timed out during opening handshake")
         )
         before = losses.snapshot()
-        runner.warning(
+        agent_log.warning(
             "connection to %s lost: %s", "http://x", TimeoutError("timed out during opening handshake")
         )
-        runner.warning("connection to %s lost: %s", "http://x", OSError("refused"))
-        runner.warning("reconnecting in %.1f s", 1.0)
+        agent_log.warning("connection to %s lost: %s", "http://x", OSError("refused"))
+        agent_log.warning("reconnecting in %.1f s", 1.0)
     finally:
-        runner.removeHandler(losses)
+        agent_log.removeHandler(losses)
     assert before == {"TimeoutError: timed out during opening handshake": 1}
     assert losses.since(before) == {
         "TimeoutError: timed out during opening handshake": 1,
