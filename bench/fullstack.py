@@ -61,6 +61,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--demo", action="store_true", help="with the demo agents and deployment, as ./run.sh"
     )
+    parser.add_argument(
+        "--quiet-wave",
+        action="store_true",
+        help="agents sample only once every node is online (as bench/ingest.py), not from their start",
+    )
     parser.add_argument("--page-every", type=float, default=1.0, help="seconds between two page requests")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     parser.add_argument("--log-dir", default="", help="keep the var directory (logs, database) here")
@@ -255,7 +260,7 @@ async def measure(
     watcher = asyncio.create_task(feed.run())
     # The agents sample on past the window: their goodbyes (nodes shown stale) fall outside it.
     ready, sampling = var / "ready", args.settle + args.seconds + TAIL_S
-    argv = agents_argv(base, var / "tokens", ready, args.gpus, args.interval, sampling, sample_in_wave=True)
+    argv = agents_argv(base, var / "tokens", ready, args.gpus, args.interval, sampling, not args.quiet_wave)
     agents = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.PIPE, cwd=ROOT)
     try:
         began = time.time()
@@ -345,6 +350,7 @@ def summarize(args, outcome: dict, figures: dict, detect: dict, restarts: int, l
         "seconds": args.seconds,
         "settle_s": args.settle,
         "demo": args.demo,
+        "samples_in_wave": not args.quiet_wave,
         "connect_s": agents["connect_s"],
         "wave_s": outcome["wave_s"],
         "online_after_wave": outcome["online_after_wave"],
