@@ -448,6 +448,7 @@ def summarize(args: argparse.Namespace, outcome: dict, stored: int, elapsed: flo
         "dropped_frames": outcome["dropped_frames"],
         "connect_s": outcome["connect_s"],
         "settle_s": outcome["settle_s"],
+        "agent_connection_losses": outcome["connection_losses"],  # while sampling, by cause
         "p50_ingest_to_browser_ms": _round(percentile(latencies, 0.50)),
         "p99_ingest_to_browser_ms": _round(percentile(latencies, 0.99)),
         "browser_node_updates": len(latencies),
