@@ -367,6 +367,7 @@ def summarize(args, outcome: dict, figures: dict, detect: dict, restarts: int, l
         "sent": agents["sent_gpu_samples"],
         "stored": figures["stored"],
         "lost": agents["sent_gpu_samples"] - figures["stored"],
+        "unacked_frames_at_end": agents["unacked_frames"],  # still in the agents' outboxes when they stopped
         "stack_restarts": restarts,
         "loadavg_before": load_before,
         "loadavg_after": loadavg(),
