@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,48 +46,124 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--server", default="", help=argparse.SUPPRESS)
     parser.add_argument("--tokens", default="", help=argparse.SUPPRESS)
     parser.add_argument("--ready-file", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--sample-in-wave", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
 SPEC_BY_GPUS = {2: "sim:rtx4090x2", 4: "sim:a30x4", 8: "sim:h100x8"}
+WAVE_TIMEOUT_S = 300.0  # the connection wave: how long to wait for every agent's welcome
 
 
 # ---- role "agents": the simulated fleet, in its own process -------------------------------------------
 async def run_agents(
-    server: str, tokens: list[str], gpus: int, interval: float, seconds: float, ready: Path
+    server: str,
+    tokens: list[str],
+    gpus: int,
+    interval: float,
+    seconds: float,
+    ready: Path,
+    sample_in_wave: bool = False,
 ) -> dict:
+    """`sample_in_wave`: the agents sample from the start, as real agents do (frames wait in the outbox until
+    their agent is connected); otherwise only the `seconds` after the ready file (the bare ingest figures)."""
     from agents.gpus import make_source
     from agents.runner import Agent
 
     servers = server.split(",")
+    losses = ConnectionLosses.attach()
     fleet = [
         Agent(servers[i % len(servers)], t, make_source(f"{SPEC_BY_GPUS[gpus]},seed={i}"), interval)
         for i, t in enumerate(tokens)
     ]
     loop = asyncio.get_running_loop()
     began = loop.time()
+    sampler = Sampler(fleet, interval)
+    if sample_in_wave:
+        sampler.start()
     tasks = [asyncio.create_task(a.connect_forever()) for a in fleet]
-    await asyncio.wait_for(asyncio.gather(*(a.connected.wait() for a in fleet)), timeout=300)
-    connected = loop.time()
+    with contextlib.suppress(TimeoutError):  # then the numbers say how many had their welcome
+        await asyncio.wait_for(asyncio.gather(*(a.connected.wait() for a in fleet)), timeout=WAVE_TIMEOUT_S)
+    connected, welcomed = loop.time(), sum(a.connected.is_set() for a in fleet)
     await wait_for_file(ready, timeout=300)
+    wave_losses = losses.snapshot()
     start = loop.time()
-    ticks = 0
-    while loop.time() - start < seconds:
-        for agent in fleet:
-            agent.collect()
-        ticks += 1
-        await asyncio.sleep(max(0.0, start + ticks * interval - loop.time()))
+    await sampler.run_for(seconds)
     await drain(fleet, timeout=30)
     for task in tasks:
         task.cancel()
     pending = sum(len(a.outbox.frames) for a in fleet)
     return {
-        "sent_gpu_samples": ticks * len(fleet) * gpus,
+        "sent_gpu_samples": sampler.ticks * len(fleet) * gpus,
         "unacked_frames": pending,
         "dropped_frames": sum(a.outbox.dropped for a in fleet),
-        "connect_s": round(connected - began, 1),
+        "connect_s": round(connected - began, 1) if welcomed == len(fleet) else None,
+        "connected_after_wave": welcomed,
         "settle_s": round(start - connected, 1),
+        "connection_losses_in_wave": wave_losses,  # until the ready file (every node online in the browser)
+        "connection_losses": losses.since(wave_losses),  # while sampling, by cause
     }
+
+
+class Sampler:
+    """Every agent takes a sample each interval, in lock-step (the worst case for the server)."""
+
+    def __init__(self, fleet: list, interval: float) -> None:
+        self.fleet, self.interval, self.ticks = fleet, interval, 0
+        self.task: asyncio.Task | None = None
+        self.until: float | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.tick_until_told())
+
+    async def run_for(self, seconds: float) -> None:
+        """Sample (on, if started before) until `seconds` from now."""
+        self.until = asyncio.get_running_loop().time() + seconds
+        if self.task is None:
+            self.start()
+        await self.task
+
+    async def tick_until_told(self) -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        while self.until is None or loop.time() < self.until:
+            for agent in self.fleet:
+                agent.collect()
+            self.ticks += 1
+            await asyncio.sleep(max(0.0, start + self.ticks * self.interval - loop.time()))
+
+
+class ConnectionLosses(logging.Handler):
+    """Counts the agents' "connection to ... lost: <why>" warnings by cause (handshake timeout, keepalive ping
+    timeout, ...): what an operator would find in 1,000 agent logs, without printing them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.counts: Counter[str] = Counter()
+
+    @classmethod
+    def attach(cls) -> ConnectionLosses:
+        from agents.runner import log as agent_log
+
+        handler = cls()
+        agent_log.addHandler(handler)
+        return handler
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg.startswith("connection to") and len(record.args or ()) == 2:
+            self.counts[loss_cause(record.args[1])] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self.counts)
+
+    def since(self, before: dict[str, int]) -> dict[str, int]:
+        return {
+            cause: n - before.get(cause, 0) for cause, n in self.counts.items() if n > before.get(cause, 0)
+        }
+
+
+def loss_cause(exc: object) -> str:
+    text = str(exc).split(";")[0].strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 async def wait_for_file(path: Path, timeout: float) -> None:
@@ -235,28 +314,8 @@ async def measure(
     marker = asyncio.create_task(mark_ready(online, len(tokens), ready, cpu))
     with (log / "tokens").open("w") as fh:
         fh.write("\n".join(tokens))
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        __file__,
-        "--role",
-        "agents",
-        "--server",
-        ",".join(urls),
-        "--tokens",
-        str(log / "tokens"),
-        "--ready-file",
-        str(ready),
-        "--agents",
-        str(args.agents),
-        "--gpus",
-        str(args.gpus),
-        "--interval",
-        str(args.interval),
-        "--seconds",
-        str(args.seconds),
-        stdout=subprocess.PIPE,
-        cwd=ROOT,
-    )
+    argv = agents_argv(",".join(urls), log / "tokens", ready, args.gpus, args.interval, args.seconds)
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.PIPE, cwd=ROOT)
     try:
         out, _ = await proc.communicate()
     finally:  # SIGTERM (bench/cleanup.py) cancels this: the agents go too
@@ -271,6 +330,23 @@ async def measure(
     return {**json.loads(out), "latencies": latencies, "transit": transit, "server_cpu_pct": shares}
 
 
+def agents_argv(
+    server: str,
+    tokens: Path,
+    ready: Path,
+    gpus: int,
+    interval: float,
+    seconds: float,
+    sample_in_wave: bool = False,
+) -> list[str]:
+    """The command of the agents process (role "agents"), for the benchmarks that run a simulated fleet: one
+    agent per token in the file; they sample `seconds` long once `ready` exists, then drain and print JSON."""
+    argv = [sys.executable, str(Path(__file__).resolve()), "--role", "agents", "--server", server]
+    argv += ["--tokens", str(tokens), "--ready-file", str(ready), "--gpus", str(gpus)]
+    argv += ["--interval", str(interval), "--seconds", str(seconds)]
+    return argv + (["--sample-in-wave"] if sample_in_wave else [])
+
+
 def main(argv: list[str] | None = None) -> int:
     from bench.cleanup import exit_on_sigterm
 
@@ -280,7 +356,15 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--processes must be at least 1")
     if args.role == "agents":
         tokens = Path(args.tokens).read_text().split()
-        fleet = run_agents(args.server, tokens, args.gpus, args.interval, args.seconds, Path(args.ready_file))
+        fleet = run_agents(
+            args.server,
+            tokens,
+            args.gpus,
+            args.interval,
+            args.seconds,
+            Path(args.ready_file),
+            args.sample_in_wave,
+        )
         print(json.dumps(asyncio.run(fleet)))
         return 0
     if args.role == "echo":
@@ -364,6 +448,7 @@ def summarize(args: argparse.Namespace, outcome: dict, stored: int, elapsed: flo
         "dropped_frames": outcome["dropped_frames"],
         "connect_s": outcome["connect_s"],
         "settle_s": outcome["settle_s"],
+        "agent_connection_losses": outcome["connection_losses"],  # while sampling, by cause
         "p50_ingest_to_browser_ms": _round(percentile(latencies, 0.50)),
         "p99_ingest_to_browser_ms": _round(percentile(latencies, 0.99)),
         "browser_node_updates": len(latencies),

@@ -57,11 +57,14 @@ class Browser:
                 message = json.loads(await asyncio.wait_for(ws.recv(), timeout=0.5))
             except TimeoutError:
                 continue
-            if message["type"] == "fleet.update":
-                for node in message["nodes"]:
-                    self.heard[node["node"]] = time.monotonic()
-            elif message["type"] == "fleet.node" and message["status"] == "online":
-                self.online.add(message["node"])
+            self.note(message)
+
+    def note(self, message: dict) -> None:
+        if message["type"] == "fleet.update":
+            for node in message["nodes"]:
+                self.heard[node["node"]] = time.monotonic()
+        elif message["type"] == "fleet.node" and message["status"] == "online":
+            self.online.add(message["node"])
 
     def live_since(self, moment: float) -> int:
         return sum(1 for t in self.heard.values() if t > moment)

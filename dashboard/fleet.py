@@ -28,8 +28,10 @@ class GpuRow:
 
 
 def latest_samples(gpus: list[Gpu]) -> dict[int, GpuSample]:
-    newest = GpuSample.objects.filter(gpu=OuterRef("gpu")).order_by("-t").values("pk")[:1]
-    ids = GpuSample.objects.filter(gpu__in=gpus).values("gpu").annotate(last=Subquery(newest)).values("last")
+    # One index lookup per GPU row. (Annotating the sample rows instead ran the lookup once per stored sample:
+    # 1.06 s for 800 GPUs with ten minutes of samples, growing with the raw window.)
+    newest = GpuSample.objects.filter(gpu=OuterRef("pk")).order_by("-t").values("pk")[:1]
+    ids = Gpu.objects.filter(pk__in=[g.pk for g in gpus]).annotate(last=Subquery(newest)).values("last")
     return {s.gpu_id: s for s in GpuSample.objects.filter(pk__in=ids)}
 
 
@@ -168,7 +170,7 @@ class NodeFilter:
     stale: bool | None = None
 
     def matching(self) -> QuerySet[Node]:
-        nodes = Node.objects.all()
+        nodes = Node.objects.defer("topology")  # ~14 KB of JSON per 8-GPU node, not needed to filter or list
         if self.name:
             nodes = nodes.filter(name__icontains=self.name)
         if self.gpu_model:

@@ -49,7 +49,9 @@ class NodePage(Sequence):
     def __getitem__(self, index: Any) -> Any:
         chosen = self.nodes[index] if isinstance(index, slice) else [self.nodes[index]]
         now = datetime.now(tz=UTC)
-        rows = fleet.fleet_overview(Node.objects.filter(pk__in=[node.pk for node in chosen]))
+        rows = fleet.fleet_overview(
+            Node.objects.filter(pk__in=[node.pk for node in chosen]).defer("topology")
+        )
         page = [node_json(node, gpus, now) for node, gpus in rows]
         return page if isinstance(index, slice) else page[0]
 

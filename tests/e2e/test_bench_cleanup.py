@@ -36,28 +36,30 @@ def children_of(pid: int) -> set[int]:
 
 
 def test_it_stops_redis_uvicorn_echo_and_agents_when_the_ingest_benchmark_gets_sigterm(tmp_path):
-    argv = [
-        sys.executable,
-        "bench/ingest.py",
-        "--agents",
-        "2",
-        "--gpus",
-        "2",
-        "--seconds",
-        "60",
-        "--processes",
-        "2",
-    ]
+    argv = ["bench/ingest.py", "--agents", "2", "--gpus", "2", "--seconds", "60", "--processes", "2"]
+    # redis, two uvicorn processes, the echo server and the agents' helper process
+    assert_sigterm_stops_all(argv, tmp_path, at_least=5)
+
+
+def test_it_stops_the_whole_stack_and_agents_when_the_full_stack_benchmark_gets_sigterm(tmp_path):
+    argv = ["bench/fullstack.py", "--agents", "2", "--gpus", "2", "--seconds", "120"]
+    # runstack, redis, uvicorn, three Celery workers (each with its pool process), beat, the agents process
+    assert_sigterm_stops_all(argv, tmp_path, at_least=10)
+
+
+def assert_sigterm_stops_all(argv: list[str], tmp_path: Path, at_least: int) -> None:
     bench = subprocess.Popen(
-        [*argv, "--log-dir", str(tmp_path)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, *argv, "--log-dir", str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
-        # redis, two uvicorn processes, the echo server and the agents' helper process
-        wait_until(lambda: (tmp_path / "ready").exists(), timeout=60, what="the agents running")
+        wait_until(lambda: (tmp_path / "ready").exists(), timeout=120, what="the agents running")
         started = children_of(bench.pid)
-        assert len(started) >= 5, started
+        assert len(started) >= at_least, started
         bench.send_signal(signal.SIGTERM)
-        assert bench.wait(30) == 128 + signal.SIGTERM
+        assert bench.wait(60) == 128 + signal.SIGTERM
         deadline = time.monotonic() + 10
         while started & alive() and time.monotonic() < deadline:
             time.sleep(0.2)
