@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import DatabaseError
 
 from dashboard import storage
 from dashboard.models import Gpu, GpuHour, GpuMinute, GpuSample, Node, RollupRun
@@ -122,3 +123,18 @@ def test_it_forgets_runs_older_than_the_newest_expired_one(gpu):
         T0 + timedelta(hours=2),
         T0 + timedelta(hours=3),
     ]
+
+
+def test_it_folds_again_after_a_pass_that_failed_halfway(gpu, monkeypatch):
+    add_sample(gpu, T0, 1)
+    storage.roll_up(T0)
+    real_sql = storage._fold_sql
+    monkeypatch.setattr(
+        storage, "_fold_sql", lambda tier: real_sql(tier) + (" broken" if tier is GpuHour else "")
+    )
+    with pytest.raises(DatabaseError):
+        storage.roll_up(T0 + timedelta(seconds=30))
+    assert not GpuMinute.objects.exists()  # the pass's transaction rolled back, its scratch table with it
+    monkeypatch.setattr(storage, "_fold_sql", real_sql)
+    storage.roll_up(T0 + timedelta(seconds=60))
+    assert (GpuMinute.objects.get().n, GpuHour.objects.get().n) == (1, 1)
