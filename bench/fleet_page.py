@@ -7,11 +7,14 @@ uvicorn; a logged-in Debian Chromium (Playwright) opens the fleet page. Then tic
 point go to the server processes' hubs twice a second (utilization walking by up to 3 % a tick; `--jumpy`:
 any value each tick, so that every heatmap cell changes colour), built by the same `live.tick_message` as
 the ingest fan-out's when every agent reports; no agents run, so the machine's CPU goes to the server and
-the browser. Gives `first_render_s` (navigation start to the load event), `html_kb`, `dom_nodes`,
-`main_thread_busy` (Chromium's TaskDuration over the tick window, a fraction of the wall time; on a loaded
-machine it includes waiting for a core), `main_thread_cpu` (its ThreadTime: CPU only) and the
-server's CPU share (fraction of one core) over a window of ticks with no page open (`server_cpu_no_page`)
-and one with `--pages` fleet pages open (`server_cpu`); `server_cpu_per_page` is the difference per page.
+the browser. Gives `first_render_s` (navigation start to the load event), `html_kb`, `dom_nodes`; the
+main thread's share over the tick window from Chromium's counters: `main_thread_busy` (TaskDuration: wall
+time of its tasks, which on a loaded machine counts waiting for a core), `main_thread_cpu` (ThreadTime: CPU
+only), its script, style and layout parts, and `main_thread_cpu_without_ticks` (3 s before the ticks);
+and the server's CPU share (fraction of one core) over a window of ticks with no page open
+(`server_cpu_no_page`) and with the page open: `server_cpu_first_page` is the difference (it includes the
+process's hub starting to take the ticks), and with `--pages N`, `server_cpu_per_further_page` is what
+each further page adds.
 """
 
 from __future__ import annotations
@@ -78,9 +81,9 @@ async def tick(fleet: dict[int, list[int]], seconds: float, jumpy: bool) -> int:
     """Every node's GPUs in one tick, twice a second, through the real channel layer (as live.FleetFanout)."""
     from channels.layers import get_channel_layer
 
-    from dashboard.live import TICKS_GROUP, tick_message
+    from dashboard.live import TICKS_GROUP, Colours, tick_message
 
-    layer, sent, start = get_channel_layer(), 0, time.monotonic()
+    layer, sent, start, colours = get_channel_layer(), 0, time.monotonic(), Colours()
     utils = {g: random.uniform(0, 100) for gpus in fleet.values() for g in gpus}
     while time.monotonic() - start < seconds:
         for g, util in utils.items():  # a walk, as loads move; --jumpy: any value each tick (the worst case)
@@ -88,7 +91,7 @@ async def tick(fleet: dict[int, list[int]], seconds: float, jumpy: bool) -> int:
         nodes = [
             {"node": node, "t": time.time(), "gpus": points(gpus, utils)} for node, gpus in fleet.items()
         ]
-        await layer.group_send(TICKS_GROUP, tick_message(nodes))
+        await layer.group_send(TICKS_GROUP, tick_message(nodes, colours))
         sent += 1
         await asyncio.sleep(max(0.0, start + sent * 0.5 - time.monotonic()))
     return sent
@@ -100,11 +103,22 @@ def points(gpus: list[int], utils: dict[int, float]) -> dict:
     return {str(g): GpuPoint(round(utils[g], 1), 4096.0, 24576.0, 50.0, 200.0, 5.0) for g in gpus}
 
 
-def main_thread_seconds(cdp) -> tuple[float, float]:
-    """(wall time of the main thread's tasks, its CPU time): on a loaded machine the first counts the time
-    the renderer waited for a core, the second does not."""
+MAIN_THREAD = {"busy": "TaskDuration", "cpu": "ThreadTime", "script": "ScriptDuration"} | {
+    "style": "RecalcStyleDuration",
+    "layout": "LayoutDuration",
+}
+
+
+def main_thread_seconds(cdp) -> dict[str, float]:
+    """Chromium's main-thread counters: `busy` is the wall time of its tasks (on a loaded machine that counts
+    time spent waiting for a core), `cpu` its CPU time; script, style and layout are parts of `busy`."""
     metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
-    return metrics["TaskDuration"], metrics["ThreadTime"]
+    return {key: metrics[name] for key, name in MAIN_THREAD.items()}
+
+
+def main_thread_shares(cdp, before: dict[str, float], elapsed: float) -> dict[str, float]:
+    after = main_thread_seconds(cdp)
+    return {f"main_thread_{key}": round((after[key] - before[key]) / elapsed, 3) for key in before}
 
 
 def open_page(context, url: str):
@@ -126,8 +140,7 @@ def server_share(server_pid: int, fleet: dict[int, list[int]], seconds: float, j
 
 
 def measure(url: str, fleet: dict[int, list[int]], args: argparse.Namespace, server_pid: int) -> dict:
-    """Ticks with no page open (the server's own share), then with `--pages` fleet pages open: the
-    difference per page is what one open page costs the server."""
+    """Ticks with no page open (the server's own share), with one fleet page open, then with `--pages`."""
     from playwright.sync_api import sync_playwright
 
     _, idle_cpu, _ = server_share(server_pid, fleet, args.seconds, args.jumpy)
@@ -144,11 +157,13 @@ def measure(url: str, fleet: dict[int, list[int]], args: argparse.Namespace, ser
         timing = page.evaluate("JSON.stringify(performance.getEntriesByType('navigation')[0])")
         navigation = json.loads(timing)
         dom_nodes = page.evaluate("document.getElementsByTagName('*').length")
-        others = [open_page(context, url) for _ in range(args.pages - 1)]
         cdp = page.context.new_cdp_session(page)
         cdp.send("Performance.enable")
         page.wait_for_timeout(1000)
-        busy, thread = main_thread_seconds(cdp)
+        quiet = main_thread_seconds(cdp)
+        page.wait_for_timeout(3000)
+        without_ticks = main_thread_shares(cdp, quiet, 3.0)["main_thread_cpu"]
+        before = main_thread_seconds(cdp)
         ticks, cpu, elapsed = server_share(server_pid, fleet, args.seconds, args.jumpy)
         result = {
             "first_render_s": round(navigation["loadEventEnd"] / 1000, 2),
@@ -156,14 +171,19 @@ def measure(url: str, fleet: dict[int, list[int]], args: argparse.Namespace, ser
             "html_decoded_kb": round(navigation["decodedBodySize"] / 1024, 1),
             "dom_nodes": dom_nodes,
             "ticks": ticks,
-            "main_thread_busy": round((main_thread_seconds(cdp)[0] - busy) / elapsed, 3),
-            "main_thread_cpu": round((main_thread_seconds(cdp)[1] - thread) / elapsed, 3),
-            "pages": 1 + len(others),
+            **main_thread_shares(cdp, before, elapsed),
+            "main_thread_cpu_without_ticks": without_ticks,
             "server_cpu_no_page": round(idle_cpu, 4),
-            "server_cpu": round(cpu, 4),
-            "server_cpu_per_page": round((cpu - idle_cpu) / (1 + len(others)), 4),
+            "server_cpu_one_page": round(cpu, 4),
+            "server_cpu_first_page": round(cpu - idle_cpu, 4),
             "chromium": browser.version,
         }
+        if args.pages > 1:  # what each further page adds, once the process's hub is running
+            for _ in range(args.pages - 1):
+                open_page(context, url)
+            _, more, _ = server_share(server_pid, fleet, args.seconds, args.jumpy)
+            result["pages"] = args.pages
+            result["server_cpu_per_further_page"] = round((more - cpu) / (args.pages - 1), 4)
         browser.close()
     return result
 

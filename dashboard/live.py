@@ -104,17 +104,38 @@ def heat_colour(util: float | None) -> int:
     return min(10, max(0, int(util / 10 + 0.5)))
 
 
-def tick_message(nodes: list[dict[str, Any]]) -> dict[str, Any]:
+class Colours:
+    """The heatmap colour this process last sent for each GPU: ticks carry only the colours that changed,
+    and every FULL_COLOURS_S all of them (a hub that started since gets the rest)."""
+
+    FULL_COLOURS_S = 10.0
+
+    def __init__(self) -> None:
+        self.sent: dict[int, int] = {}
+        self.full_at = 0.0
+
+    def changed(self, nodes: list[dict[str, Any]]) -> list[int]:
+        """[gpu id, colour, ...] of these nodes' GPUs whose colour changed (all of them, now and then)."""
+        full = time.monotonic() - self.full_at >= self.FULL_COLOURS_S
+        if full:
+            self.full_at = time.monotonic()
+        cells, sent = [], self.sent
+        for node in nodes:
+            for gpu, point in node["gpus"].items():
+                colour, key = heat_colour(point[0]), int(gpu)
+                if full or sent.get(key) != colour:
+                    sent[key] = colour
+                    cells += (key, colour)
+        if full:  # all of every GPU this process knows of, not only those in this tick
+            cells = [value for item in sent.items() for value in item]
+        return cells
+
+
+def tick_message(nodes: list[dict[str, Any]], colours: Colours) -> dict[str, Any]:
     """A "live.tick" for the hubs: each node's values encoded once (keyed by node id as text), and the
-    heatmap colour of each GPU as a flat [gpu id, colour, ...] list (msgpack refuses integer map keys)."""
-    cells = [
-        value
-        for node in nodes
-        for gpu, point in node["gpus"].items()
-        for value in (int(gpu), heat_colour(point[0]))
-    ]
+    heatmap colours that changed as a flat [gpu id, colour, ...] list (msgpack refuses integer map keys)."""
     encoded = {str(node["node"]): _node_json(node) for node in nodes}
-    return {"type": "live.tick", "sent": time.time(), "nodes": encoded, "cells": cells}
+    return {"type": "live.tick", "sent": time.time(), "nodes": encoded, "cells": colours.changed(nodes)}
 
 
 class FleetFanout:
@@ -124,6 +145,7 @@ class FleetFanout:
         self.period = period
         self.latest: dict[int, dict[str, Any]] = {}
         self.deployments: dict[str, dict[str, Any]] = {}
+        self.colours = Colours()
         self._task: asyncio.Task | None = None
         self._last_sent = 0.0
 
@@ -152,7 +174,7 @@ class FleetFanout:
         if deployments:
             await get_channel_layer().group_send(FLEET_GROUP, fleet_update([], deployments))
         if nodes:
-            await get_channel_layer().group_send(TICKS_GROUP, tick_message(nodes))
+            await get_channel_layer().group_send(TICKS_GROUP, tick_message(nodes, self.colours))
 
 
 @receiver(post_save, sender=AgentToken)
