@@ -1,15 +1,20 @@
 """The fleet page in headless Chromium at fleet size (issue #13, item 3).
 
-    .venv/bin/python bench/fleet_page.py --nodes 1000 [--gpus 8] [--seconds 10] [--json]
+    .venv/bin/python bench/fleet_page.py --nodes 1000 [--gpus 8] [--seconds 10] [--pages 1] [--jumpy] [--json]
 
 A fresh SQLite database with `--nodes` nodes of `--gpus` GPUs, each with a newest sample; the real Redis and
-uvicorn; a logged-in Debian Chromium (Playwright) opens the fleet page. Then fleet ticks carrying every GPU's
-point go to the "fleet" group twice a second (utilization walking by up to 3 % a tick; `--jumpy`: any
-value each tick, so that every heatmap cell changes colour) (what the ingest fan-out sends when every agent reports, built
-by the same `live.fleet_update`; no agents run, so the machine's CPU goes to the server and the browser).
-Gives `first_render_s` (navigation start to the load event), `html_kb`, `dom_nodes`, `main_thread_busy`
-(Chromium's TaskDuration over the tick window, a fraction of the wall time) and the server's CPU share over
-that window (`server_cpu`, fraction of one core).
+uvicorn; a logged-in Debian Chromium (Playwright) opens the fleet page. Then ticks carrying every GPU's
+point go to the server processes' hubs twice a second (utilization walking by up to 3 % a tick; `--jumpy`:
+any value each tick, so that every heatmap cell changes colour), built by the same `live.tick_message` as
+the ingest fan-out's when every agent reports; no agents run, so the machine's CPU goes to the server and
+the browser. Gives `first_render_s` (navigation start to the load event), `html_kb`, `dom_nodes`; the
+main thread's share over the tick window from Chromium's counters: `main_thread_busy` (TaskDuration: wall
+time of its tasks, which on a loaded machine counts waiting for a core), `main_thread_cpu` (ThreadTime: CPU
+only), its script, style and layout parts, and `main_thread_cpu_without_ticks` (3 s before the ticks);
+and the server's CPU share (fraction of one core) over a window of ticks with no page open
+(`server_cpu_no_page`) and with the page open: `server_cpu_first_page` is the difference (it includes the
+process's hub starting to take the ticks), and with `--pages N`, `server_cpu_per_further_page` is what
+each further page adds.
 """
 
 from __future__ import annotations
@@ -73,12 +78,12 @@ def make_fleet(nodes: int, gpus: int) -> dict[int, list[int]]:
 
 
 async def tick(fleet: dict[int, list[int]], seconds: float, jumpy: bool) -> int:
-    """Every node's GPUs in one fleet.update, twice a second, through the real channel layer."""
+    """Every node's GPUs in one tick, twice a second, through the real channel layer (as live.FleetFanout)."""
     from channels.layers import get_channel_layer
 
-    from dashboard.live import FLEET_GROUP, fleet_update
+    from dashboard.live import TICKS_GROUP, Colours, tick_message
 
-    layer, sent, start = get_channel_layer(), 0, time.monotonic()
+    layer, sent, start, colours = get_channel_layer(), 0, time.monotonic(), Colours()
     utils = {g: random.uniform(0, 100) for gpus in fleet.values() for g in gpus}
     while time.monotonic() - start < seconds:
         for g, util in utils.items():  # a walk, as loads move; --jumpy: any value each tick (the worst case)
@@ -86,7 +91,7 @@ async def tick(fleet: dict[int, list[int]], seconds: float, jumpy: bool) -> int:
         nodes = [
             {"node": node, "t": time.time(), "gpus": points(gpus, utils)} for node, gpus in fleet.items()
         ]
-        await layer.group_send(FLEET_GROUP, fleet_update(nodes, []))
+        await layer.group_send(TICKS_GROUP, tick_message(nodes, colours))
         sent += 1
         await asyncio.sleep(max(0.0, start + sent * 0.5 - time.monotonic()))
     return sent
@@ -98,19 +103,51 @@ def points(gpus: list[int], utils: dict[int, float]) -> dict:
     return {str(g): GpuPoint(round(utils[g], 1), 4096.0, 24576.0, 50.0, 200.0, 5.0) for g in gpus}
 
 
-def task_seconds(cdp) -> float:
+MAIN_THREAD = {"busy": "TaskDuration", "cpu": "ThreadTime", "script": "ScriptDuration"} | {
+    "style": "RecalcStyleDuration",
+    "layout": "LayoutDuration",
+}
+
+
+def main_thread_seconds(cdp) -> dict[str, float]:
+    """Chromium's main-thread counters: `busy` is the wall time of its tasks (on a loaded machine that counts
+    time spent waiting for a core), `cpu` its CPU time; script, style and layout are parts of `busy`."""
     metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
-    return metrics["TaskDuration"]
+    return {key: metrics[name] for key, name in MAIN_THREAD.items()}
 
 
-def measure(url: str, fleet: dict[int, list[int]], seconds: float, server_pid: int, jumpy: bool) -> dict:
-    from playwright.sync_api import sync_playwright
+def main_thread_shares(cdp, before: dict[str, float], elapsed: float) -> dict[str, float]:
+    after = main_thread_seconds(cdp)
+    return {f"main_thread_{key}": round((after[key] - before[key]) / elapsed, 3) for key in before}
 
+
+def open_page(context, url: str):
+    page = context.new_page()
+    page.goto(url + "/", wait_until="load")
+    return page
+
+
+def server_share(server_pid: int, fleet: dict[int, list[int]], seconds: float, jumpy: bool) -> tuple:
+    """(ticks sent, server CPU as a fraction of a core, wall seconds) over one window of ticks."""
     from bench.ingest import cpu_seconds
 
+    wall, cpu = time.monotonic(), cpu_seconds(server_pid)
+    with ThreadPoolExecutor(1) as pool:  # Playwright's sync API runs its own loop in this thread
+        ticks = pool.submit(asyncio.run, tick(fleet, seconds, jumpy)).result()
+    time.sleep(0.5)
+    elapsed = time.monotonic() - wall
+    return ticks, (cpu_seconds(server_pid) - cpu) / elapsed, elapsed
+
+
+def measure(url: str, fleet: dict[int, list[int]], args: argparse.Namespace, server_pid: int) -> dict:
+    """Ticks with no page open (the server's own share), with one fleet page open, then with `--pages`."""
+    from playwright.sync_api import sync_playwright
+
+    _, idle_cpu, _ = server_share(server_pid, fleet, args.seconds, args.jumpy)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page()
+        context = browser.new_context()
+        page = context.new_page()
         page.goto(url + "/accounts/login/")
         page.fill("input[name=username]", "bench")
         page.fill("input[name=password]", "bench-pw-123")
@@ -123,25 +160,36 @@ def measure(url: str, fleet: dict[int, list[int]], seconds: float, server_pid: i
         cdp = page.context.new_cdp_session(page)
         cdp.send("Performance.enable")
         page.wait_for_timeout(1000)
-        busy, wall, cpu = task_seconds(cdp), time.monotonic(), cpu_seconds(server_pid)
-        with ThreadPoolExecutor(1) as pool:  # Playwright's sync API runs its own loop in this thread
-            ticks = pool.submit(asyncio.run, tick(fleet, seconds, jumpy)).result()
-        page.wait_for_timeout(500)
-        elapsed = time.monotonic() - wall
+        quiet = main_thread_seconds(cdp)
+        page.wait_for_timeout(3000)
+        without_ticks = main_thread_shares(cdp, quiet, 3.0)["main_thread_cpu"]
+        before = main_thread_seconds(cdp)
+        ticks, cpu, elapsed = server_share(server_pid, fleet, args.seconds, args.jumpy)
         result = {
             "first_render_s": round(navigation["loadEventEnd"] / 1000, 2),
             "html_kb": round(navigation["transferSize"] / 1024, 1),
             "html_decoded_kb": round(navigation["decodedBodySize"] / 1024, 1),
             "dom_nodes": dom_nodes,
             "ticks": ticks,
-            "main_thread_busy": round((task_seconds(cdp) - busy) / elapsed, 3),
-            "server_cpu": round((cpu_seconds(server_pid) - cpu) / elapsed, 3),
+            **main_thread_shares(cdp, before, elapsed),
+            "main_thread_cpu_without_ticks": without_ticks,
+            "server_cpu_no_page": round(idle_cpu, 4),
+            "server_cpu_one_page": round(cpu, 4),
+            "server_cpu_first_page": round(cpu - idle_cpu, 4),
+            "chromium": browser.version,
         }
+        if args.pages > 1:  # what each further page adds, once the process's hub is running
+            for _ in range(args.pages - 1):
+                open_page(context, url)
+            _, more, _ = server_share(server_pid, fleet, args.seconds, args.jumpy)
+            result["pages"] = args.pages
+            result["server_cpu_per_further_page"] = round((more - cpu) / (args.pages - 1), 4)
         browser.close()
     return result
 
 
 def run(args: argparse.Namespace) -> dict:
+    from bench.ingest import versions
     from dashboard import stack
 
     with tempfile.TemporaryDirectory(prefix="lc-bench-fleet-") as tmp:
@@ -155,13 +203,19 @@ def run(args: argparse.Namespace) -> dict:
             env = {"REDIS_URL": os.environ["REDIS_URL"], "DATABASE_URL": os.environ["DATABASE_URL"]}
             services.append(stack.asgi_service(port, env, log).start())
             stack.wait_for_port(port)
-            result = measure(
-                f"http://127.0.0.1:{port}", fleet, args.seconds, services[-1].proc.pid, args.jumpy
-            )
+            result = measure(f"http://127.0.0.1:{port}", fleet, args, services[-1].proc.pid)
         finally:
             for service in reversed(services):
                 service.stop()
-    return {"nodes": args.nodes, "gpus_per_node": args.gpus, "jumpy": args.jumpy, **result}
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    return {
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus,
+        "jumpy": args.jumpy,
+        **result,
+        "loadavg": " ".join(load),
+        "versions": {**versions(), "chromium": result.pop("chromium")},
+    }
 
 
 def main() -> None:
@@ -172,11 +226,12 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--pages", type=int, default=1, help="fleet pages open at once (server CPU per page)")
     parser.add_argument("--jumpy", action="store_true", help="every GPU's utilization jumps each tick")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     args = parser.parse_args()
-    if args.nodes < 1 or args.gpus < 1:
-        parser.error("--nodes and --gpus must be at least 1")
+    if args.nodes < 1 or args.gpus < 1 or args.pages < 1:
+        parser.error("--nodes, --gpus and --pages must be at least 1")
     result = run(args)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
 

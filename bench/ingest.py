@@ -222,6 +222,7 @@ async def watch_browser(
     async with websockets.connect(
         url.replace("http", "ws", 1) + "/ws/fleet/", additional_headers=headers, max_size=None
     ) as ws:
+        await ws.send(json.dumps({"type": "subscribe", "nodes": "all"}))  # every node's values
         while not stop.is_set():
             try:
                 message = json.loads(await asyncio.wait_for(ws.recv(), timeout=0.5))

@@ -52,6 +52,7 @@ class Browser:
                 await asyncio.sleep(0.2)
 
     async def listen(self, ws) -> None:
+        await ws.send(json.dumps({"type": "subscribe", "nodes": "all"}))  # every node's values
         while not self.stop.is_set():
             try:
                 message = json.loads(await asyncio.wait_for(ws.recv(), timeout=0.5))

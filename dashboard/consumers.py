@@ -23,12 +23,13 @@ from django.db import DatabaseError
 from redis.exceptions import RedisError
 
 from agents import protocol
-from dashboard import asking, browser_json, deploy, ingest, tasks
+from dashboard import asking, browser_json, deploy, ingest, subscriptions, tasks
 from dashboard.choices import NodeStatus
 from dashboard.live import FLEET_GROUP, FleetFanout, agent_group, announce_node
 from dashboard.models import AgentToken, Node
 from dashboard.telemetry import LIVE
 
+BROWSER_OUTBOX = 50  # ticks waiting for a slow browser beyond this are dropped (as a full channel drops them)
 CHANNEL_LAYER_TIMEOUT_S = 5.0  # a hello that waits longer on Redis is told to reconnect
 MAX_BROWSER_FRAME_CHARS = 16_384  # a browser's ask: a prompt of at most 4,000 characters and a few fields
 
@@ -240,9 +241,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
 
 class FleetConsumer(AsyncWebsocketConsumer):
-    """A logged-in browser's live feed: every fleet tick and node status change."""
+    """A logged-in browser's live feed: node status changes, deployments, plans and alerts, and the live
+    values of what the page subscribed to (dashboard.subscriptions)."""
 
     counted: bool = False  # accepted, so counted among this process's browser sockets
+    outbox: asyncio.Queue | None = None  # this page's part of the ticks, sent in order by `send_outbox`
+    sender: asyncio.Task | None = None
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -257,22 +261,61 @@ class FleetConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.counted:
             LIVE.socket_closed("browser")
+        if self.sender is not None:
+            subscriptions.live_hub().forget(self)
+            self.sender.cancel()
         await self.channel_layer.group_discard(FLEET_GROUP, self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        """A browser asks a deployment's server something ("Try it", "Measure"), through the node's agent."""
+        """A page says what it shows ("subscribe"), or asks a deployment's server something ("ask")."""
         try:
             data = json.loads(text_data or "") if len(text_data or "") <= MAX_BROWSER_FRAME_CHARS else None
         except ValueError:
             data = None
-        if not isinstance(data, dict) or data.get("type") != "ask":
-            await self.send(browser_json.dumps({"type": "fleet.refused", "error": "expected an ask (JSON)"}))
+        kind = data.get("type") if isinstance(data, dict) else None
+        if kind == "subscribe":
+            await self.subscribe(data)
+        elif kind == "ask":
+            await self.ask(data)
+        else:
+            await self.refuse("", "expected a subscribe or an ask (JSON)")
+
+    async def refuse(self, ref: str, error: str) -> None:
+        await self.send(browser_json.dumps({"type": "fleet.refused", "ref": ref, "error": error}))
+
+    async def subscribe(self, data: dict) -> None:
+        """What the page shows from now on; a refused subscription changes nothing."""
+        ref = str(data.get("ref", ""))[:64]
+        try:
+            subscription = subscriptions.parse(data)
+            await database_sync_to_async(subscriptions.authorize)(self.scope["user"], subscription)
+        except subscriptions.Refused as exc:
+            await self.refuse(ref, str(exc))
             return
+        if self.sender is None:
+            self.outbox = asyncio.Queue(BROWSER_OUTBOX)
+            self.sender = asyncio.get_running_loop().create_task(self.send_outbox())
+        self.deliver(browser_json.dumps({"type": "fleet.subscribed", "ref": ref, **subscription.describe()}))
+        subscriptions.live_hub().watch(self, subscription)
+
+    def deliver(self, text: str) -> None:
+        """The hub's message for this page: queued, so that one slow browser never holds up the others."""
+        try:
+            self.outbox.put_nowait(text)
+        except asyncio.QueueFull:
+            log.warning("a browser is %d messages behind; dropping a live update", BROWSER_OUTBOX)
+
+    async def send_outbox(self) -> None:
+        while True:
+            await self.send(await self.outbox.get())
+
+    async def ask(self, data: dict) -> None:
+        """A browser asks a deployment's server something ("Try it", "Measure"), through the node's agent."""
         ref = str(data.get("ref", ""))[:64]  # the page's own name for this ask, echoed back
         try:
             node_id, frame, request = await database_sync_to_async(asking.start_ask)(self.scope["user"], data)
         except (asking.AskRefused, PermissionDenied) as exc:
-            await self.send(browser_json.dumps({"type": "fleet.refused", "ref": ref, "error": str(exc)}))
+            await self.refuse(ref, str(exc))
             return
         await self.channel_layer.group_add(asking.ask_group(request), self.channel_name)
         await self.channel_layer.group_send(agent_group(node_id), {"type": "agent.command", "frame": frame})
@@ -284,7 +327,7 @@ class FleetConsumer(AsyncWebsocketConsumer):
         await self.send(browser_json.dumps(event))
 
     async def fleet_update(self, event: dict) -> None:
-        await self.send(event["text"])  # encoded once per tick for every browser (live.fleet_update)
+        await self.send(event["text"])  # deployment changes, encoded once for every browser (live.fleet_update)
 
     async def fleet_node(self, event: dict) -> None:
         await self.send(browser_json.dumps(event))

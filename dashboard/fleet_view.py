@@ -21,7 +21,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from dashboard.choices import AlertStatus, DeploymentState, NodeStatus
 from dashboard.fleet import GpuRow, gpu_holders
-from dashboard.live import GpuPoint, gpu_point
+from dashboard.live import GpuPoint, gpu_point, heat_colour
 from dashboard.models import Alert, Deployment, Gpu, GpuSample, Node
 
 PAGE_SIZE = 50
@@ -234,7 +234,8 @@ def _node_cells(e: NodeEntry) -> str:
     name = escape(e.node.name)
     cells = "".join(_cell(row) for row in e.rows)
     return (
-        f'<a class="hm-node status-{e.status}" href="/nodes/{name}/" title="{name} ({e.status})">{cells}</a>'
+        f'<a class="hm-node status-{e.status}" href="/nodes/{name}/" title="{name} ({e.status})" '
+        f'data-hm="{e.node.pk}">{cells}</a>'
     )
 
 
@@ -242,5 +243,5 @@ def _cell(row: GpuRow) -> str:
     p = row.point
     if p is None:
         return f'<i class="ux" data-g="{row.gpu.pk}"></i>'
-    bucket = min(10, max(0, round(p.util / 10)))
+    bucket = heat_colour(p.util)
     return f'<i class="u{bucket}" data-g="{row.gpu.pk}" data-v="{p.util:.0f},{p.mem_used:.0f},{p.mem_total:.0f}"></i>'

@@ -1,18 +1,22 @@
-"""Live fan-out to browsers: one message per tick with the latest values of every node that changed.
+"""Live fan-out to browsers: one tick per FANOUT_SECONDS with the latest values of every node that changed.
 
 Browsers never get one message per sample: at 1,000 agents x 8 GPUs that would be 8,000 frames a
-second per browser. Instead the newest sample of each GPU is kept here and sent as one "fleet"
-group message every FANOUT_SECONDS; the fleet page and the node pages both read it.
+second per browser. Instead the newest sample of each GPU is kept here and sent as one tick to
+TICKS_GROUP, whose members are the server processes' hubs (dashboard.subscriptions), which give each page
+only the nodes it shows. Small, rare events (node status, deployments, plans, alerts) go to every browser
+through FLEET_GROUP.
 
-The tick is JSON-encoded once, here, and goes through the channel layer as text that each browser's
-consumer sends as it is: at 1,000 nodes the tick is ~0.5 MB of JSON, and encoding it per browser (plus
-msgpack of the nested structure in and out of Redis) cost 15-25 ms per browser per tick.
+Each node's values are JSON-encoded once, here, and travel as text: a page's message is a join of the
+nodes it shows. (Encoding the whole tick per browser, plus msgpack of the nested structure in and out of
+Redis, cost 15-25 ms per browser per tick at 1,000 nodes.) The tick also carries each GPU's heatmap
+colour, which is all the fleet page's heatmap needs of the GPUs it does not show in detail.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import Any, NamedTuple, Protocol
 
@@ -26,7 +30,9 @@ from redis.exceptions import RedisError
 from dashboard import browser_json
 from dashboard.models import AgentToken
 
-FLEET_GROUP = "fleet"
+FLEET_GROUP = "fleet"  # every browser: node status, deployment changes, plans, alerts
+TICKS_GROUP = "fleet-ticks"  # one hub per server process: every tick, sliced per page there
+_node_json = browser_json.BrowserJSONEncoder(separators=(",", ":")).encode
 log = logging.getLogger(__name__)
 
 
@@ -91,6 +97,47 @@ def fleet_update(nodes: list[dict[str, Any]], deployments: list[dict[str, Any]])
     return {"type": "fleet.update", "text": text}
 
 
+def heat_colour(util: float | None) -> int:
+    """The heatmap cell's colour class (`u0`..`u10`) by utilization, as static/js/fleet.js rounds it."""
+    if util is None or not math.isfinite(util):
+        return 0
+    return min(10, max(0, int(util / 10 + 0.5)))
+
+
+class Colours:
+    """The heatmap colour this process last sent for each GPU: ticks carry only the colours that changed,
+    and every FULL_COLOURS_S all of them (a hub that started since gets the rest)."""
+
+    FULL_COLOURS_S = 10.0
+
+    def __init__(self) -> None:
+        self.sent: dict[int, int] = {}
+        self.full_at = 0.0
+
+    def changed(self, nodes: list[dict[str, Any]]) -> list[int]:
+        """[gpu id, colour, ...] of these nodes' GPUs whose colour changed (all of them, now and then)."""
+        full = time.monotonic() - self.full_at >= self.FULL_COLOURS_S
+        if full:
+            self.full_at = time.monotonic()
+        cells, sent = [], self.sent
+        for node in nodes:
+            for gpu, point in node["gpus"].items():
+                colour, key = heat_colour(point[0]), int(gpu)
+                if full or sent.get(key) != colour:
+                    sent[key] = colour
+                    cells += (key, colour)
+        if full:  # all of every GPU this process knows of, not only those in this tick
+            cells = [value for item in sent.items() for value in item]
+        return cells
+
+
+def tick_message(nodes: list[dict[str, Any]], colours: Colours) -> dict[str, Any]:
+    """A "live.tick" for the hubs: each node's values encoded once (keyed by node id as text), and the
+    heatmap colours that changed as a flat [gpu id, colour, ...] list (msgpack refuses integer map keys)."""
+    encoded = {str(node["node"]): _node_json(node) for node in nodes}
+    return {"type": "live.tick", "sent": time.time(), "nodes": encoded, "cells": colours.changed(nodes)}
+
+
 class FleetFanout:
     """One per server process (event loop): the agent consumer attaches it to the ingest buffer."""
 
@@ -98,6 +145,7 @@ class FleetFanout:
         self.period = period
         self.latest: dict[int, dict[str, Any]] = {}
         self.deployments: dict[str, dict[str, Any]] = {}
+        self.colours = Colours()
         self._task: asyncio.Task | None = None
         self._last_sent = 0.0
 
@@ -123,7 +171,10 @@ class FleetFanout:
         self._last_sent = time.monotonic()
         nodes, self.latest = list(self.latest.values()), {}
         deployments, self.deployments = list(self.deployments.values()), {}
-        await get_channel_layer().group_send(FLEET_GROUP, fleet_update(nodes, deployments))
+        if deployments:
+            await get_channel_layer().group_send(FLEET_GROUP, fleet_update([], deployments))
+        if nodes:
+            await get_channel_layer().group_send(TICKS_GROUP, tick_message(nodes, self.colours))
 
 
 @receiver(post_save, sender=AgentToken)

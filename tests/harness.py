@@ -83,6 +83,7 @@ async def browser_messages(url: str, sessionid: str, count: int, timeout: float 
     headers = {"Cookie": f"sessionid={sessionid}", "Origin": url}
     updates: list[dict] = []
     async with websockets.connect(ws_url, additional_headers=headers) as ws:
+        await ws.send(json.dumps({"type": "subscribe", "nodes": "all"}))
         async with asyncio.timeout(timeout):
             while len(updates) < count:
                 message = json.loads(await ws.recv())

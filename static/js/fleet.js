@@ -1,6 +1,7 @@
-// Fleet page: refresh each GPU's heatmap cell and, for the nodes on this page, its row from the live ticks.
-// The cells and rows are looked up once (a Map by GPU id), not with querySelector per GPU per tick: at
-// 1,000 nodes x 8 GPUs a tick carries 8,000 points.
+// Fleet page: the heatmap's colours from the server's heatmap messages (only the cells that changed), and the
+// rows of the node cards on this page from the ticks, which carry only those nodes (dashboard/subscriptions.py).
+// Hovering a cell asks for its node's values for the moment (Live.watch). Cells and rows are looked up once
+// (a Map by GPU id), not with querySelector per GPU per message.
 "use strict";
 function fmt(v, digits) { return v === null || v === undefined ? "–" : Number(v).toFixed(digits); }
 
@@ -17,22 +18,40 @@ function showDeployment(d) {
   row.querySelector(".running").textContent = d.running === null ? "–" : d.running;
 }
 
-const values = new Map(); // GPU id -> [util, used, total] as last shown: the hover reads it
+Live.onHeatmap((msg) => {
+  for (const gpuId in msg.cells) {
+    const cell = cells.get(gpuId);
+    const colour = "u" + msg.cells[gpuId];
+    if (cell && cell.className !== colour) cell.className = colour; // a write only when the colour changes
+  }
+});
 
-function showCell(cell, util, used, total) {
-  const bucket = `u${Math.min(10, Math.max(0, Math.round((util || 0) / 10)))}`;
-  if (cell.className !== bucket) cell.className = bucket; // a write only when the colour changes
-  values.set(cell.dataset.g, [util, used, total]);
-}
+// Hover: the cell's values, written when asked for (8,000 titles in the HTML would double the page). The
+// values of a node not shown in detail come from watching it while the pointer is on it.
+const values = new Map(); // GPU id -> [util, used, total] as last received; before that the page's data-v
+let hovered = null;
 
-// Hover: the cell's values, written when asked for (8,000 titles in the HTML would double the page).
-if (heatmap) heatmap.addEventListener("mouseover", (ev) => {
-  const cell = ev.target.closest("i");
-  if (!cell) return;
+function describe(cell) {
   const node = cell.parentElement.title;
   const index = [...cell.parentElement.children].indexOf(cell);
   const [util, used, total] = values.get(cell.dataset.g) || (cell.dataset.v || "").split(",").filter(Boolean);
-  cell.title = util === undefined ? `${node} GPU${index}: no sample` : `${node} GPU${index}: ${fmt(util, 0)} %, ${fmt(used, 0)} / ${fmt(total, 0)} MiB`;
+  return util === undefined ? `${node} GPU${index}: no sample` : `${node} GPU${index}: ${fmt(util, 0)} %, ${fmt(used, 0)} / ${fmt(total, 0)} MiB`;
+}
+
+let watchTimer = null;
+if (heatmap) heatmap.addEventListener("mouseover", (ev) => {
+  const cell = ev.target.closest("i");
+  if (!cell) return;
+  hovered = cell;
+  cell.title = describe(cell);
+  const nodeId = Number(cell.parentElement.dataset.hm);
+  clearTimeout(watchTimer); // sweeping across the heatmap subscribes only where the pointer rests
+  watchTimer = setTimeout(() => Live.watch(nodeId), 150);
+});
+if (heatmap) heatmap.addEventListener("mouseleave", () => {
+  hovered = null;
+  clearTimeout(watchTimer);
+  watchTimer = setTimeout(() => Live.watch(null), 1000);
 });
 
 function showRow(row, p) {
@@ -48,10 +67,10 @@ Live.onUpdate((msg) => {
   const [u, m, t] = ["util", "mem_used", "mem_total"].map((key) => msg.keys.indexOf(key));
   for (const node of msg.nodes) {
     for (const [gpuId, point] of Object.entries(node.gpus)) {
-      const cell = cells.get(gpuId);
-      if (cell) showCell(cell, point[u], point[m], point[t]);
+      values.set(gpuId, [point[u], point[m], point[t]]);
       const row = rows.get(gpuId);
       if (row) showRow(row, Live.point(msg.keys, point));
     }
   }
+  if (hovered) hovered.title = describe(hovered);
 });

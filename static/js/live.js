@@ -1,8 +1,10 @@
 // The browser's live feed: one websocket to /ws/fleet/, reconnecting with backoff, and the stale timer.
+// The page tells the server what it shows (dashboard/subscriptions.py): the nodes of its [data-watch]
+// elements, the heatmap if it has one, and a node the user points at (Live.watch); ticks carry only that.
 "use strict";
 // `var` and the guard: base.html loads this on every page and some pages load it again; one socket.
 var Live = window.Live || (() => {
-  const handlers = { update: [], node: [], plan: [], alert: [], open: [], ask: [] };
+  const handlers = { update: [], heatmap: [], node: [], plan: [], alert: [], open: [], ask: [] };
   let socket = null;
   const lastSeen = new Map(); // node id -> browser clock ms of its last update
   const STALE_INTERVALS = 3;
@@ -19,7 +21,11 @@ var Live = window.Live || (() => {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const ws = new WebSocket(`${scheme}://${location.host}/ws/fleet/`);
     socket = ws;
-    ws.onopen = () => { retry = 500; opens += 1; isOpen = true; setStatus("live", true); handlers.open.forEach((h) => h(opens)); };
+    ws.onopen = () => {
+      retry = 500; opens += 1; isOpen = true; setStatus("live", true);
+      subscribe(); // a new socket has no subscription
+      handlers.open.forEach((h) => h(opens));
+    };
     ws.onclose = () => {
       isOpen = false;
       setStatus("reconnecting…", false);
@@ -27,6 +33,17 @@ var Live = window.Live || (() => {
       retry = Math.min(retry * 2, 15000);
     };
     ws.onmessage = (ev) => dispatch(JSON.parse(ev.data));
+  }
+
+  const nodesSeen = new Set(); // every node whose values reached this page (the browser tests read it)
+  window.layercakeNodesSeen = nodesSeen;
+  let pointedAt = null; // a node the page shows for a moment (a heatmap hover), besides its own
+  function subscribe() {
+    const nodes = [...new Set([...document.querySelectorAll("[data-watch]")].map((el) => Number(el.dataset.watch)))];
+    if (pointedAt !== null && !nodes.includes(pointedAt)) nodes.push(pointedAt);
+    const heatmap = document.getElementById("heatmap") !== null;
+    if (!isOpen || (!nodes.length && !heatmap)) return;
+    socket.send(JSON.stringify({ type: "subscribe", ref: "subscribe", nodes, heatmap }));
   }
 
   function nodeStatus(msg) {
@@ -37,8 +54,14 @@ var Live = window.Live || (() => {
 
   function dispatch(msg) {
     if (msg.type === "fleet.update") {
-      for (const n of msg.nodes) { lastSeen.set(String(n.node), Date.now()); markStatus(String(n.node), "online"); }
+      for (const n of msg.nodes) { lastSeen.set(String(n.node), Date.now()); markStatus(String(n.node), "online"); nodesSeen.add(n.node); }
       handlers.update.forEach((h) => h(msg));
+    } else if (msg.type === "fleet.heatmap") {
+      handlers.heatmap.forEach((h) => h(msg));
+    } else if (msg.type === "fleet.subscribed") {
+      window.layercakeSubscribed = msg; // what the server now sends this page (the browser tests read it)
+    } else if (msg.type === "fleet.refused" && msg.ref === "subscribe") {
+      console.error("live updates: subscription refused:", msg.error);
     } else if (msg.type === "fleet.node") {
       nodeStatus(msg);
     } else if (msg.type === "fleet.nodes") { // many at once (the silent-node sweep): one message, not one each
@@ -92,6 +115,11 @@ var Live = window.Live || (() => {
   setInterval(checkStale, 500);
   return {
     onUpdate: (h) => handlers.update.push(h),
+    onHeatmap: (h) => handlers.heatmap.push(h),
+    // The page changed what it shows (its [data-watch] elements): tell the server.
+    subscribe,
+    // Also show this node for now (null: no longer): one at a time, as a hover shows one.
+    watch: (nodeId) => { if (pointedAt !== nodeId) { pointedAt = nodeId; subscribe(); } },
     onNode: (h) => handlers.node.push(h),
     onPlan: (h) => handlers.plan.push(h),
     onAlert: (h) => handlers.alert.push(h),

@@ -1,18 +1,22 @@
-"""The browsers' live feed: a stored batch becomes one fleet.update, JSON-encoded once for every browser."""
+"""The browsers' live feed: a stored batch becomes one tick, each node's values JSON-encoded once, and each
+page gets the part it subscribed to (dashboard/subscriptions.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from channels.testing.websocket import WebsocketCommunicator
 from django.test import Client
 
 from agents import protocol
 from dashboard import ingest
 from dashboard.consumers import FleetConsumer
-from dashboard.live import FleetFanout, announce_deployment
+from dashboard.live import TICKS_GROUP, FleetFanout, announce_deployment
+from dashboard.models import Node
 from layercake.asgi import application
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]  # consumers close old connections
@@ -23,19 +27,32 @@ def in_memory_layer(settings):
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 
-class LoggedIn:
-    is_authenticated = True
-
-
-async def browser() -> WebsocketCommunicator:
+async def browser(user, subscribe: dict | None = None) -> WebsocketCommunicator:
+    """A logged-in page's socket; with `subscribe`, once the server confirmed it and its hub gets ticks."""
     comm = WebsocketCommunicator(FleetConsumer.as_asgi(), "/ws/fleet/")
-    comm.scope["user"] = LoggedIn()
+    comm.scope["user"] = user
     connected, _ = await comm.connect()
     assert connected
+    if subscribe is not None:
+        await comm.send_to(text_data=json.dumps({"type": "subscribe", "ref": "s", **subscribe}))
+        reply = json.loads(await comm.receive_from(timeout=5))
+        assert reply["type"] == "fleet.subscribed", reply
+        await hub_listening()
     return comm
 
 
-def stored_batch(node_id: int, t: float) -> list[ingest.Pending]:
+async def hub_listening() -> None:
+    layer = get_channel_layer()
+    async with asyncio.timeout(5):
+        while not layer.groups.get(TICKS_GROUP):
+            await asyncio.sleep(0.01)
+
+
+async def nodes(*names: str) -> list[int]:
+    return [(await database_sync_to_async(Node.objects.create)(name=name)).pk for name in names]
+
+
+def stored_batch(node_id: int, t: float, gpu_id: int = 41) -> list[ingest.Pending]:
     gpu = protocol.GpuReading(
         index=0,
         util_gpu=87.46,
@@ -50,13 +67,16 @@ def stored_batch(node_id: int, t: float) -> list[ingest.Pending]:
     async def on_stored(_: int) -> None:
         return None
 
-    return [ingest.Pending(node_id, 3, ingest.sample_rows(message, {0: 41}), [], on_stored, sampled_at=t)]
+    rows = ingest.sample_rows(message, {0: gpu_id})
+    return [ingest.Pending(node_id, 3, rows, [], on_stored, sampled_at=t)]
 
 
-async def test_it_sends_every_browser_the_newest_values_of_each_node_to_a_tenth():
-    first, second = await browser(), await browser()
+async def test_it_sends_every_browser_that_shows_a_node_its_newest_values_to_a_tenth(alice):
+    [node] = await nodes("n7")
+    first = await browser(alice, {"nodes": [node]})
+    second = await browser(alice, {"nodes": "all"})
     try:
-        FleetFanout(period=0.5).record(stored_batch(7, 1_700_000_000.5))
+        FleetFanout(period=0.5).record(stored_batch(node, 1_700_000_000.5))
         messages = [json.loads(await comm.receive_from(timeout=5)) for comm in (first, second)]
     finally:
         await first.disconnect()
@@ -67,7 +87,7 @@ async def test_it_sends_every_browser_the_newest_values_of_each_node_to_a_tenth(
         and messages[0]["type"] == "fleet.update"
     )
     assert messages[0]["nodes"] == [
-        {"node": 7, "t": 1_700_000_000.5, "gpus": {"41": [87.5, 70000.0, 81000.0, 71.3, 512.5, 40.0]}}
+        {"node": node, "t": 1_700_000_000.5, "gpus": {"41": [87.5, 70000.0, 81000.0, 71.3, 512.5, 40.0]}}
     ]
     named = dict(zip(messages[0]["keys"], messages[0]["nodes"][0]["gpus"]["41"], strict=True))
     assert named == {
@@ -81,8 +101,8 @@ async def test_it_sends_every_browser_the_newest_values_of_each_node_to_a_tenth(
     assert messages[0]["deployments"] == []
 
 
-async def test_it_sends_a_server_side_deployment_change_in_the_same_shape():
-    comm = await browser()
+async def test_it_sends_a_server_side_deployment_change_in_the_same_shape(alice):
+    comm = await browser(alice)
     try:
         await announce_deployment({"id": "d-1", "state": "launching"})
         message = json.loads(await comm.receive_from(timeout=5))
@@ -101,10 +121,11 @@ def strict_json(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
-async def test_it_sends_browsers_strict_json_when_a_value_is_not_finite():
-    batch = stored_batch(7, 1_700_000_000.5)
+async def test_it_sends_browsers_strict_json_when_a_value_is_not_finite(alice):
+    [node] = await nodes("n7")
+    batch = stored_batch(node, 1_700_000_000.5)
     batch[0].rows[0] = batch[0].rows[0]._replace(power_w=float("inf"), mem_free_mib=float("nan"))
-    comm = await browser()
+    comm = await browser(alice, {"nodes": [node]})
     try:
         FleetFanout(period=0.5).record(batch)
         message = strict_json(await comm.receive_from(timeout=5))

@@ -217,6 +217,7 @@ def browser_feed(url: str, sessionid: str, tls: ssl.SSLContext | None = None) ->
     socket_url = url.replace("https://", "wss://").replace("http://", "ws://") + "/ws/fleet/"
     headers = {"Cookie": f"sessionid={sessionid}", "Origin": url}
     with connect(socket_url, additional_headers=headers, ssl=tls, max_queue=None, proxy=None) as ws:
+        ws.send(json.dumps({"type": "subscribe", "nodes": "all"}))  # every node's values, as a tool asks
         yield LiveFeed(ws)
 
 

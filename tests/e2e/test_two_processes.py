@@ -220,11 +220,13 @@ def test_it_shows_every_node_to_browsers_on_either_process_and_reaches_agents_on
         headers = {"Cookie": f"sessionid={cookie}", "Origin": url}
         async with websockets.connect(
             url.replace("http", "ws") + "/ws/fleet/", additional_headers=headers
-        ) as ws:
+        ) as ws:  # a page showing these two nodes, whichever process their agents are on
+            await ws.send(json.dumps({"type": "subscribe", "nodes": sorted(names)}))
             async with asyncio.timeout(20):
                 while len(seen) < len(fleet):
                     message = json.loads(await ws.recv())
-                    seen.update(names[n["node"]] for n in message.get("nodes", []) if n.get("node") in names)
+                    if message["type"] == "fleet.update":
+                        seen.update(names[n["node"]] for n in message["nodes"] if n["node"] in names)
 
     async def scenario() -> list[set[str]]:
         names = dict(await database_sync_to_async(lambda: list(Node.objects.values_list("pk", "name")))())
