@@ -11,7 +11,6 @@ the topology, the inventory and the counters that rarely move (ECC, XIDs) cost n
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,10 +21,10 @@ from typing import Any
 from django.db import connections
 from django.db.models import Count, OuterRef, Q, Subquery
 from django.utils import timezone
-from prometheus_client import generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from dashboard.choices import AlertStatus, DeploymentState, NodeStatus
+from dashboard.exposition import Family, FamilyText, Labels, Points
 from dashboard.models import Alert, Deployment, DeploymentMetric, Gpu, Link, Node
 from dashboard.telemetry import Snapshot
 
@@ -34,34 +33,6 @@ GPU_LABELS = ("node", "gpu", "uuid", "model")
 DEPLOYMENT_LABELS = ("deployment", "model", "node", "backend")
 # A failed deployment stays on /metrics this long (then only the page shows it): the label set stays bounded.
 FAILED_SHOWN = timedelta(hours=1)
-
-Labels = tuple[str, ...]
-Points = tuple[tuple[Labels, float], ...]
-
-
-@dataclass(frozen=True)
-class Family:
-    """One metric family's inputs: the same points always render the same text."""
-
-    name: str  # without _total for a counter (prometheus_client adds it)
-    doc: str
-    labels: Labels
-    points: Points
-    counter: bool = False
-
-    def metric(self) -> Metric:
-        kind = CounterMetricFamily if self.counter else GaugeMetricFamily
-        family = kind(self.name, self.doc, labels=self.labels)
-        sample = f"{self.name}_total" if self.counter else self.name
-        for labels, value in self.points:  # add_sample with one dict per series, not one per scrape
-            family.add_sample(sample, _label_dict(self.labels, labels), value)
-        return family
-
-
-@functools.lru_cache(maxsize=2**17)
-def _label_dict(names: Labels, values: Labels) -> dict[str, str]:
-    return dict(zip(names, values, strict=True))
-
 
 @dataclass(frozen=True)
 class GpuRow:
@@ -373,19 +344,12 @@ def server_families(live: Snapshot) -> Iterator[Family]:
 
 
 # ---- rendering -------------------------------------------------------------------------------------------
-class _One:
-    def __init__(self, metric: Metric) -> None:
-        self.metric = metric
-
-    def collect(self) -> list[Metric]:
-        return [self.metric]
-
-
 @dataclass
 class Renderer:
-    """Renders a collector's families with prometheus_client, keeping each family's text with its points."""
+    """Renders a collector's families as prometheus_client would, keeping each family's text with its points."""
 
     texts: dict[str, tuple[Points, bytes]] = field(default_factory=dict)
+    pieces: FamilyText = field(default_factory=FamilyText)
     inventory: Inventory | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -407,7 +371,7 @@ class Renderer:
         kept = self.texts.get(family.name)
         if kept is not None and kept[0] == family.points:
             return kept[1]
-        text = generate_latest(_One(family.metric()))
+        text = self.pieces.render(family)
         self.texts[family.name] = (family.points, text)
         return text
 
