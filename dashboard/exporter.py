@@ -185,8 +185,7 @@ def gpu_families(live: Snapshot, fleet: FleetView) -> Iterator[Family]:
 
 
 def _points(rows: list[tuple[Labels, Any]], value: Callable[[Any], float | None]) -> Points:
-    points = ((labels, value(row)) for labels, row in rows)
-    return tuple((labels, v) for labels, v in points if v is not None)
+    return tuple([(labels, v) for labels, row in rows if (v := value(row)) is not None])
 
 
 def xid_families(live: Snapshot, gpus: tuple[GpuRow, ...]) -> Iterator[Family]:

@@ -95,10 +95,16 @@ class FamilyText:
 
     def render(self, family: Family) -> bytes:
         head, sample = self._head(family)
-        labels, values = self._label_texts(family), self.value_texts
-        values.bound()
-        lines = [f"{sample}{labels[k]} {values[v]}\n" for k, v in family.points]
+        self.value_texts.bound()
+        try:
+            lines = self._lines(sample, self.label_texts[family.labels], family.points)
+        except KeyError:  # a label set (or the label names) not seen yet: rendered once, then kept
+            lines = self._lines(sample, self._add_label_texts(family), family.points)
         return (head + "".join(lines)).encode()
+
+    def _lines(self, sample: str, labels: dict[Labels, str], points: Points) -> list[str]:
+        values = self.value_texts
+        return [f"{sample}{labels[k]} {values[v]}\n" for k, v in points]
 
     def _head(self, family: Family) -> tuple[str, str]:
         key = (family.name, family.doc, family.counter)
@@ -109,12 +115,9 @@ class FamilyText:
             kept = self.heads[key] = (head + "\n", sample.removesuffix(PLACEHOLDER_END.rstrip("\n")))
         return kept
 
-    def _label_texts(self, family: Family) -> dict[Labels, str]:
+    def _add_label_texts(self, family: Family) -> dict[Labels, str]:
         known = self.label_texts.setdefault(family.labels, {})
-        missing = [labels for labels, _ in family.points if labels not in known]
-        if not missing:
-            return known
-        missing = list(dict.fromkeys(missing))
+        missing = list(dict.fromkeys(labels for labels, _ in family.points if labels not in known))
         if len(known) + len(missing) > 2 * len(family.points) + 1024:  # label sets gone (renamed nodes...)
             known.clear()
             missing = list(dict.fromkeys(labels for labels, _ in family.points))
