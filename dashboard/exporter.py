@@ -4,9 +4,11 @@ Where the values come from: each GPU's newest reading from this process's memory
 ingest buffer), the fleet's inventory from a handful of bulk queries (nodes every scrape; GPUs and links only
 when some node's inventory changed), deployments and alerts one query each.
 
-Cost at 1,000 nodes x 8 GPUs (bench/metrics.py): about 110,000 series. prometheus_client formats a sample in
-~7 us, so each family's text is kept with the inputs it was made from and made again only when they changed:
-the topology, the inventory and the counters that rarely move (ECC, XIDs) cost nothing on most scrapes.
+Cost at 1,000 nodes x 8 GPUs (bench/metrics.py): about 122,000 series. Each family's text is kept with the
+inputs it was made from and made again only when they changed: the topology, the inventory and the counters
+that rarely move (ECC, XIDs) cost nothing on most scrapes. The per-GPU readings change every scrape; their
+text is made from kept pieces that prometheus_client rendered (dashboard/exposition.py), not by
+prometheus_client's ~7 us per sample.
 """
 
 from __future__ import annotations
