@@ -128,7 +128,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "dashboard.static_files.StaticFilesMiddleware",  # WhiteNoise, async-capable: keeps requests off the sync thread
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -283,7 +283,8 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 # Development serves static files straight from static/ (scripts/setup.sh makes var/static). Production serves
 # what collectstatic wrote to its state directory (LAYERCAKE_VAR), under content-hashed names (cached for a
 # year) and pre-compressed, through whitenoise's middleware: Django's ASGI handler runs it for uvicorn's
-# requests like any other middleware (reading each file in a thread: whitenoise's responses are synchronous).
+# requests like any other middleware (reading each file in a thread: whitenoise's responses are synchronous);
+# dashboard.static_files makes it async-capable so that the chain stays on the event loop.
 STATIC_ROOT = VAR_DIR / "static" if PRODUCTION else BASE_DIR / "var" / "static"
 WHITENOISE_USE_FINDERS = not PRODUCTION
 if PRODUCTION:
