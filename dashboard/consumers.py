@@ -23,7 +23,7 @@ from django.db import DatabaseError
 from redis.exceptions import RedisError
 
 from agents import protocol
-from dashboard import asking, browser_json, deploy, ingest, tasks
+from dashboard import admission, asking, browser_json, ingest, tasks
 from dashboard.choices import NodeStatus
 from dashboard.live import FLEET_GROUP, FleetFanout, agent_group, announce_node
 from dashboard.models import AgentToken, Node
@@ -34,6 +34,9 @@ MAX_BROWSER_FRAME_CHARS = 16_384  # a browser's ask: a prompt of at most 4,000 c
 
 log = logging.getLogger(__name__)
 _buffers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ingest.IngestBuffer] = (
+    weakref.WeakKeyDictionary()
+)
+_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, admission.HelloGate] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -47,6 +50,14 @@ def ingest_buffer() -> ingest.IngestBuffer:
         _buffers[loop] = ingest.IngestBuffer(queue_jobs=tasks.enqueue, listeners=[fanout.record])
         LIVE.attach(_buffers[loop])  # /metrics reads the newest readings and the rows waiting
     return _buffers[loop]
+
+
+def hello_gate() -> admission.HelloGate:
+    """This process's (event loop's) admission of hellos."""
+    loop = asyncio.get_running_loop()
+    if loop not in _gates:
+        _gates[loop] = admission.HelloGate()
+    return _gates[loop]
 
 
 def bearer_token(scope: dict) -> str:
@@ -67,10 +78,20 @@ class AgentConsumer(AsyncWebsocketConsumer):
     stored_seq: int = 0  # highest sequence number known to be in the database (what may be acked)
     closing: bool = False  # revoked, replaced or told to send again: no more frames are taken
     replaced: bool = False  # a newer connection of this node took over (it marks the node connected)
+    queued: bool = False  # admitted by the hello gate and not welcomed yet
 
     async def connect(self) -> None:
         await self.accept()
         LIVE.socket_opened("agent")
+        retry_after = hello_gate().admit()
+        if retry_after is not None:  # a reconnect wave longer than an agent waits: come back later
+            self.closing = True
+            await self.send(
+                protocol.busy("the server is welcoming a wave of agents; reconnect later", retry_after)
+            )
+            await self.close(protocol.CLOSE_RETRY)
+            return
+        self.queued = True
         token = await database_sync_to_async(AgentToken.authenticate_token)(bearer_token(self.scope))
         if token is None:
             await self.send(protocol.error("unauthorized", "unknown or revoked agent token"))
@@ -91,8 +112,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_send(agent_group(self.node.pk), {"type": "agent.replaced"})
         await self.channel_layer.group_add(agent_group(self.node.pk), self.channel_name)
 
+    def leave_queue(self) -> None:
+        if self.queued:
+            self.queued = False
+            hello_gate().leave()
+
     async def disconnect(self, code: int) -> None:
         LIVE.socket_closed("agent")
+        self.leave_queue()
         if self.node is not None:
             if self.gpu_ids is not None and not self.replaced:
                 LIVE.agent_gone(self.node.pk)
@@ -146,24 +173,28 @@ class AgentConsumer(AsyncWebsocketConsumer):
             self.accepted_at = now
 
     async def hello(self, message: protocol.Hello) -> None:
+        async with hello_gate().turn():
+            welcome = await self.store_hello(message)
+        self.leave_queue()
+        node = self.node = welcome.node
+        self.gpu_ids, self.accepted_seq, self.stored_seq = welcome.gpu_ids, node.last_seq, node.last_seq
+        LIVE.agent_online(node.pk)
+        self.accepted_at = welcome.watermark_moved.timestamp()
+        await self.send(protocol.welcome(node.name, node.last_seq))
+        for frame in welcome.launches:
+            await self.send(frame)  # the agent launches idempotently: this only restores what it lost
+        await announce_node(node.pk, node.name, NodeStatus.ONLINE)
+
+    async def store_hello(self, message: protocol.Hello) -> ingest.Welcome:
         buffer = ingest_buffer()
         if buffer.holds(self.node.pk):  # what an earlier connection of this agent still has in flight
             await buffer.flush()  # (only then: after a restart, 1,000 hellos were 1,000 early flushes)
-        node = await database_sync_to_async(Node.objects.get)(pk=self.node.pk)
-        watermark_moved = node.last_seen or node.created
         try:
-            self.gpu_ids = await database_sync_to_async(ingest.apply_hello)(node, message)
+            return await database_sync_to_async(ingest.welcome_node)(self.node.pk, message)
         except (DatabaseError, *ingest.REFUSALS) as exc:
             raise protocol.ProtocolError(
                 "hello_refused", f"the server could not store this hello: {exc}"
             ) from None
-        self.node, self.accepted_seq, self.stored_seq = node, node.last_seq, node.last_seq
-        LIVE.agent_online(node.pk)
-        self.accepted_at = watermark_moved.timestamp()
-        await self.send(protocol.welcome(node.name, node.last_seq))
-        for frame in await database_sync_to_async(deploy.desired_launches)(node):
-            await self.send(frame)  # the agent launches idempotently: this only restores what it lost
-        await announce_node(node.pk, node.name, NodeStatus.ONLINE)
 
     async def answer(self, message: protocol.Answer) -> None:
         """Part of an answer to a browser's ask: stored if it ends a measurement, passed to that browser."""
