@@ -16,6 +16,7 @@ import time
 import weakref
 
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
@@ -29,6 +30,7 @@ from dashboard.live import FLEET_GROUP, FleetFanout, agent_group, announce_node
 from dashboard.models import AgentToken, Node
 from dashboard.telemetry import LIVE
 
+SERVER_STOPPING = 1012  # the close code uvicorn gives every socket when the process stops ("service restart")
 CHANNEL_LAYER_TIMEOUT_S = 5.0  # a hello that waits longer on Redis is told to reconnect
 MAX_BROWSER_FRAME_CHARS = 16_384  # a browser's ask: a prompt of at most 4,000 characters and a few fields
 
@@ -131,12 +133,25 @@ class AgentConsumer(AsyncWebsocketConsumer):
             except RedisError as exc:  # many agents leaving at once; the beat task announces them anyway
                 log.warning("could not announce %s leaving: %s", self.node.name, exc)
 
+    def server_stopping(self) -> None:
+        """This process stops (uvicorn closes every socket with 1012): the agent did not go anywhere and will be
+        back on the next process in about a second. Marking 1,000 nodes disconnected and announcing each (a
+        database write, Redis messages and two trips to the database thread per agent) held a restart's stop
+        until its timeout; the node's next hello, or the silent-node sweep if none comes, says how it is."""
+        LIVE.socket_closed("agent")
+        self.leave_queue()
+        if self.node is not None and self.gpu_ids is not None and not self.replaced:
+            LIVE.agent_gone(self.node.pk)
+        raise StopConsumer()
+
     async def dispatch(self, message: dict) -> None:
         # Channels hops to the database thread before every handler to close stale connections. Agent
         # frames reach the database only through the ingest buffer (which does that once per flush) or
         # database_sync_to_async (which does it itself), so the hop per frame only queues behind writes.
         if message["type"] == "websocket.receive":
             await self.websocket_receive(message)
+        elif message["type"] == "websocket.disconnect" and message.get("code") == SERVER_STOPPING:
+            self.server_stopping()
         else:
             await super().dispatch(message)
 

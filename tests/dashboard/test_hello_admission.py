@@ -82,3 +82,19 @@ async def test_it_welcomes_in_turn_and_leaves_the_queue_empty():
     assert gate.waiting == 0
     for comm in comms:
         await comm.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("code", "still_connected"), [(consumers.SERVER_STOPPING, True), (1000, False)])
+async def test_it_leaves_the_node_connected_when_the_server_stops_not_the_agent(code, still_connected):
+    from channels.db import database_sync_to_async
+
+    from dashboard.models import Node
+
+    comm = await connect(await make_node("restarting"))
+    assert (await say(comm, hello(boot="boot-0001")))["type"] == "welcome"
+    await comm.disconnect(code=code)
+    await asyncio.sleep(0.1)
+    node = await database_sync_to_async(Node.objects.get)(name="restarting")
+    assert node.connected is still_connected
