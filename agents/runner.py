@@ -9,6 +9,7 @@ watermark drops what it already had, so each sample is stored once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -302,7 +303,9 @@ class Agent:
         async with websockets.connect(
             self.ws_url(), additional_headers=headers, open_timeout=10, max_size=protocol.MAX_FRAME_BYTES
         ) as ws:
-            await ws.send(self.hello())
+            # A server that turned us away at once (busy) said why first: the reply is still there to read.
+            with contextlib.suppress(websockets.ConnectionClosed):
+                await ws.send(self.hello())
             welcome = await self.expect_welcome(ws)
             backoff.reset()
             self.outbox.ack(welcome["last_seq"])

@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 @dataclass
 class HelloGate:
     concurrent: int = 8
-    max_wait_s: float = 15.0  # agents wait 30 s for a welcome (agents.runner): well inside that
+    # Agents wait 30 s for a welcome (agents.runner); turning one away costs a handshake now and another later,
+    # so only a wait close to that is worth it (at 15 s, a loaded 2-core machine turned away most of 1,000).
+    max_wait_s: float = 25.0
     waiting: int = 0  # connections admitted and not yet welcomed (or gone)
     seconds_per_hello: float | None = None  # smoothed time between welcomes while a queue was waiting
     _last_welcome: float | None = None

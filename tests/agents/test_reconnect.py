@@ -88,3 +88,32 @@ async def test_it_falls_back_to_its_own_backoff_when_the_delay_is_malformed():
 async def test_it_still_refuses_an_unexpected_reply():
     with pytest.raises(websockets.WebSocketException):
         await agent().expect_welcome(OneReply({"type": "ack", "seq": 1}))
+
+
+class TurnedAway:
+    """A connection the server closed with a busy reply before the agent's hello went out."""
+
+    def __init__(self) -> None:
+        self.replies = [protocol.busy("a wave", 6.0)]
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        return None
+
+    async def send(self, frame: str) -> None:
+        from websockets.frames import Close
+
+        raise websockets.ConnectionClosedError(Close(1013, ""), Close(1013, ""), True)
+
+    async def recv(self) -> str:
+        return self.replies.pop(0)
+
+
+@pytest.mark.asyncio
+async def test_it_reads_the_busy_reply_of_a_server_that_closed_before_the_hello_went_out(monkeypatch):
+    monkeypatch.setattr("agents.runner.websockets.connect", lambda *a, **k: TurnedAway())
+    with pytest.raises(ServerBusy) as raised:
+        await agent().session(Backoff())
+    assert raised.value.retry_after == 6.0

@@ -52,7 +52,7 @@ async def test_it_learns_its_welcome_rate_from_a_queue():
 
 
 def test_it_defers_a_connection_that_would_wait_longer_than_the_bound():
-    gate = HelloGate(max_wait_s=15.0, seconds_per_hello=0.02)
+    gate = HelloGate(max_wait_s=15.0, seconds_per_hello=0.02)  # 750 x 20 ms = 15 s
     admitted = [gate.admit() for _ in range(751)]
     assert admitted.count(None) == 751  # 750 ahead at 20 ms each: 15 s, still within the bound
     wait = gate.admit()
