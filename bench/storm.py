@@ -52,6 +52,7 @@ class Browser:
         self.live: dict[int, float] = {}  # node -> monotonic time of its first value after the stop
         self.fresh: dict[int, float] = {}  # node -> monotonic time of its first value sampled after `up_wall`
         self.reopened: float | None = None  # when the first socket after the stop opened
+        self.welcomed: dict[int, float] = {}  # node -> when the new process announced it online (hello done)
 
     async def run(self) -> None:
         import websockets
@@ -94,6 +95,8 @@ class Browser:
                 self.note(message["nodes"])
             elif message["type"] == "fleet.node" and message["status"] == "online":
                 self.online.add(message["node"])
+                if counts:  # the new process welcomed this node's agent (its hello is done)
+                    self.welcomed.setdefault(message["node"], time.monotonic())
 
     def note(self, nodes: list[dict]) -> None:
         now = time.monotonic()
@@ -163,6 +166,7 @@ async def storm(
         "all_fresh_s": all_fresh,
         "live_within_5s": sum(1 for t in browser.live.values() if t - stopped <= 5.0),
         "browser_back_s": round(browser.reopened - stopped, 2) if browser.reopened else None,
+        "welcome_spread_s": spread(browser.welcomed, stopped),
         "live_spread_s": spread(browser.live, stopped),
         "fresh_spread_s": spread(browser.fresh, stopped),
     }
@@ -210,6 +214,7 @@ def run(args: argparse.Namespace) -> dict:
         "all_fresh_s": outcome["all_fresh_s"],  # every node's first value sampled after the new one listened
         "browser_back_s": outcome["browser_back_s"],  # the browser's socket open again (live.js's backoff)
         "live_within_5s": outcome["live_within_5s"],  # nodes live again within the target's 5 s
+        "welcome_spread_s": outcome["welcome_spread_s"],  # nodes announced online by the new process
         "live_spread_s": outcome["live_spread_s"],
         "fresh_spread_s": outcome["fresh_spread_s"],
         "stop_s": outcome["stop_s"],  # SIGTERM until the old process is gone
