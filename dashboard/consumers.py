@@ -32,6 +32,7 @@ from dashboard.telemetry import LIVE
 
 SERVER_STOPPING = 1012  # the close code uvicorn gives every socket when the process stops ("service restart")
 CHANNEL_LAYER_TIMEOUT_S = 5.0  # a hello that waits longer on Redis is told to reconnect
+BUS_RETRY_S = 5.0  # ... after this long, not within its 1 s restart window
 MAX_BROWSER_FRAME_CHARS = 16_384  # a browser's ask: a prompt of at most 4,000 characters and a few fields
 
 log = logging.getLogger(__name__)
@@ -85,14 +86,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def connect(self) -> None:
         await self.accept()
         LIVE.socket_opened("agent")
-        retry_after = hello_gate().admit()
-        if retry_after is not None:  # a reconnect wave longer than an agent waits: come back later
-            self.closing = True
-            await self.send(
-                protocol.busy("the server is welcoming a wave of agents; reconnect later", retry_after)
-            )
-            await self.close(protocol.CLOSE_RETRY)
-            return
+        hello_gate().admit()
         self.queued = True
         token = await database_sync_to_async(AgentToken.authenticate_token)(bearer_token(self.scope))
         if token is None:
@@ -106,7 +100,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             # Redis away (restarting, overloaded): without the group the server cannot reach this agent, so
             # tell it to come back rather than leave it waiting for a welcome that never comes.
             self.closing = True
-            await self.send(protocol.error("busy", "the server's message bus is unavailable; reconnect"))
+            await self.send(protocol.busy("the server's message bus is unavailable; reconnect", BUS_RETRY_S))
             await self.close(protocol.CLOSE_RETRY)
 
     async def join_node_group(self) -> None:
