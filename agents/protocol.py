@@ -17,6 +17,8 @@ CLOSE_UNAUTHORIZED = 4401  # unknown or revoked token
 CLOSE_REPLACED = 4409  # another connection with this node's token took over
 CLOSE_RETRY = 1013  # try again later: the server could not store a frame; reconnect and replay
 MAX_FRAME_BYTES = 256 * 1024
+# The longest a server may ask an agent to stay away (a "busy" error's retry_after_s).
+MAX_RETRY_AFTER_S = 600.0
 MAX_LOG_LINES = 500
 MAX_LOG_LINE_CHARS = 4096
 INT64_MAX = 2**63 - 1  # what both databases hold in a BIGINT; no integer on the wire may exceed it
@@ -497,6 +499,29 @@ def error(code: str, message: str, seq: int | None = None) -> str:
     if seq is not None:
         frame["seq"] = seq
     return json.dumps(frame)
+
+
+def busy(message: str, retry_after_s: float) -> str:
+    """The server cannot take this agent now: it should connect again after `retry_after_s` seconds, which the
+    server chooses to spread a reconnect wave over the time it needs."""
+    wait = round(min(max(retry_after_s, 0.0), MAX_RETRY_AFTER_S), 2)
+    return json.dumps(
+        {"type": "error", "v": VERSION, "code": "busy", "message": message, "retry_after_s": wait}
+    )
+
+
+def retry_after(reply: dict) -> float | None:
+    """The delay a server's error reply asks for (`retry_after_s`, seconds), or None if it names none.
+    A value that is not a number from 0 to MAX_RETRY_AFTER_S is a ProtocolError, never obeyed."""
+    if "retry_after_s" not in reply:
+        return None
+    wait = reply["retry_after_s"]
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= MAX_RETRY_AFTER_S:
+        raise ProtocolError(
+            "bad_retry_after",
+            f"retry_after_s must be a number of seconds from 0 to {MAX_RETRY_AFTER_S:.0f}, got {_shown(wait)}",
+        )
+    return float(wait)
 
 
 def dump(message: Strict) -> str:

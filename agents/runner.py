@@ -9,6 +9,7 @@ watermark drops what it already had, so each sample is stored once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -35,25 +36,52 @@ class AgentRejected(RuntimeError):
     """The server refused this agent's token; retrying cannot help."""
 
 
+class ServerBusy(RuntimeError):
+    """The server asked this agent to connect again later (a reconnect wave it is still working through)."""
+
+    def __init__(self, message: str, retry_after: float | None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 @dataclass
 class Backoff:
     """Exponential backoff with full jitter, reset after a connection that worked.
 
-    The window grows by half per refused attempt, not double: after a server restart (a second or two down)
-    an agent that doubled would have been refused three times and wait up to 8 s more, and a fleet's nodes
-    came back over many seconds (bench/storm.py). The jitter still spreads 1,000 agents over the window."""
+    The window grows by half per refused attempt, not double: a fleet's nodes came back over many seconds
+    when it doubled (bench/storm.py). A server that was reachable less than `recent_s` ago is most likely
+    restarting: the window then stays at `recent_window`, so the agent is back within about a second of the
+    server listening again, not after the several seconds a grown window spreads it over. A refused
+    connection costs the server nothing while it is down; once it is up, it spreads the wave itself (busy
+    replies with a delay it chooses, which `defer` obeys)."""
 
     base: float = 0.5
     cap: float = 30.0
     growth: float = 1.5
     attempt: int = 0
+    recent_s: float = 30.0
+    recent_window: float = 1.0
+    reachable_at: float | None = None  # monotonic time a connection that worked last ended
+    deferred: float | None = None  # the delay the server asked for, used once
 
     def next_delay(self) -> float:
+        if self.deferred is not None:
+            delay, self.deferred = self.deferred, None
+            return delay * random.uniform(1.0, 1.2)  # a little jitter on top of the server's own spreading
+        if self.reachable_at is not None and time.monotonic() - self.reachable_at < self.recent_s:
+            return random.uniform(0, self.recent_window)
         self.attempt += 1
         return random.uniform(0, min(self.cap, self.base * self.growth**self.attempt))
 
     def reset(self) -> None:
         self.attempt = 0
+
+    def lost(self) -> None:
+        """A connection that worked (welcomed) has ended: the server was reachable just now."""
+        self.reachable_at = time.monotonic()
+
+    def defer(self, seconds: float) -> None:
+        self.deferred = seconds
 
 
 @dataclass
@@ -260,6 +288,10 @@ class Agent:
                 await self.session(backoff)
             except AgentRejected:
                 raise
+            except ServerBusy as exc:
+                log.info("server busy: %s", exc)
+                if exc.retry_after is not None:
+                    backoff.defer(exc.retry_after)
             except (TimeoutError, OSError, websockets.WebSocketException) as exc:
                 log.warning("connection to %s lost: %s", self.server, exc)
             delay = backoff.next_delay()
@@ -271,7 +303,9 @@ class Agent:
         async with websockets.connect(
             self.ws_url(), additional_headers=headers, open_timeout=10, max_size=protocol.MAX_FRAME_BYTES
         ) as ws:
-            await ws.send(self.hello())
+            # A server that turned us away at once (busy) said why first: the reply is still there to read.
+            with contextlib.suppress(websockets.ConnectionClosed):
+                await ws.send(self.hello())
             welcome = await self.expect_welcome(ws)
             backoff.reset()
             self.outbox.ack(welcome["last_seq"])
@@ -283,14 +317,25 @@ class Agent:
             finally:
                 self.connected.clear()
                 self.ws = None
+                backoff.lost()
 
     async def expect_welcome(self, ws) -> dict:
         reply = json.loads(await asyncio.wait_for(ws.recv(), timeout=30))
         if reply.get("type") == "error" and reply.get("code") == "unauthorized":
             raise AgentRejected(f"server refused the token: {reply.get('message')}")
+        if reply.get("type") == "error" and reply.get("code") == "busy":
+            raise ServerBusy(str(reply.get("message")), self.asked_delay(reply))
         if reply.get("type") != "welcome":
             raise websockets.WebSocketException(f"expected welcome, got {reply}")
         return reply
+
+    @staticmethod
+    def asked_delay(reply: dict) -> float | None:
+        try:
+            return protocol.retry_after(reply)
+        except protocol.ProtocolError as exc:  # our own backoff instead
+            log.warning("ignored the server's busy reply: %s", exc.message)
+            return None
 
     async def exchange(self, ws) -> None:
         sender = asyncio.create_task(self.send_forever(ws))

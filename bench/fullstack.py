@@ -86,11 +86,11 @@ class Feed(Browser):
         self.bench_online: set[int] = set()  # the simulated fleet's nodes announced online (not the demo's)
         self.connections = 0
 
-    async def listen(self, ws) -> None:
+    async def listen(self, ws, counts: bool) -> None:
         self.connections += 1
-        await super().listen(ws)
+        await super().listen(ws, counts)
 
-    def note(self, message: dict) -> None:
+    def note(self, message: dict, counts: bool) -> None:
         now, kind = time.time(), message["type"]
         if kind == "fleet.update":
             self.latencies.extend((now, (now - n["t"]) * 1000) for n in message["nodes"])

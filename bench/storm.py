@@ -5,8 +5,12 @@
 The real stack (embedded Redis, uvicorn, SQLite) and N agents (the real agent code, in one helper process,
 as bench/ingest.py runs them). Once every node is live in a logged-in browser client and `--warmup` seconds
 have passed, the uvicorn process is stopped (SIGTERM) and started again on the same port. `stop_s`: until
-the old process is gone, `server_down_s`: until the new one listens; `all_live_s`: from the stop until the browser client (reconnecting itself) has had a fresh value of every node from the new
-process; `lost`: GPU samples the agents sent minus those stored, after they drained their outboxes.
+the old process is gone; `server_down_s`: until the new one listens; `browser_back_s`: until the browser
+client's socket is open again (it retries as static/js/live.js does); `all_live_s`: from the stop until the
+browser client has had a value of every node on a socket opened after the stop (the page then shows each
+node online; the value may be a replayed one); `all_fresh_s`: until it has had, of every node, a value
+sampled after the new process listened (the backlog replayed); `*_spread_s`: when the nodes came back;
+`lost`: GPU samples the agents sent minus those stored, after they drained their outboxes.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -26,20 +31,34 @@ sys.path.insert(0, str(ROOT))
 
 from bench.ingest import make_fleet, setup_django, stored_samples, versions  # noqa: E402
 
+RECENT_S = 30.0  # static/js/live.js RECENT_MS
+
 
 class Browser:
-    """A logged-in live-feed client that reconnects, noting when it last heard of each node."""
+    """A logged-in live-feed client that reconnects as the page does (static/js/live.js: within 0.25-0.75 s
+    for 30 s after an open socket closed, else a jittered delay from 0.5 s, doubling per failed try), noting
+    what it heard of each node and when.
+
+    A value counts for the restart only if it came on a socket opened after the stop: the old process can
+    still send a tick in its last moments. `live`: the node's first value of any age (the page then shows it
+    online); `fresh`: its first value sampled after the new process listened (not a replay of the backlog)."""
 
     def __init__(self, url: str, sessionid: str) -> None:
         self.url, self.sessionid = url, sessionid
-        self.heard: dict[int, float] = {}  # node -> when a value of it last came
         self.online: set[int] = set()  # nodes announced online (before the agents send values)
         self.stop = asyncio.Event()
+        self.after = float("inf")  # monotonic time of the stop: only sockets opened later count
+        self.up_wall = float("inf")  # wall time when the new process listened
+        self.live: dict[int, float] = {}  # node -> monotonic time of its first value after the stop
+        self.fresh: dict[int, float] = {}  # node -> monotonic time of its first value sampled after `up_wall`
+        self.reopened: float | None = None  # when the first socket after the stop opened
+        self.welcomed: dict[int, float] = {}  # node -> when the new process announced it online (hello done)
 
     async def run(self) -> None:
         import websockets
 
         headers = {"Cookie": f"sessionid={self.sessionid}", "Origin": self.url}
+        retry, last_open = 0.5, float("-inf")
         while not self.stop.is_set():
             try:
                 async with websockets.connect(
@@ -47,34 +66,69 @@ class Browser:
                     additional_headers=headers,
                     max_size=None,
                 ) as ws:
-                    await self.listen(ws)
+                    retry = 0.5
+                    try:
+                        await self.listen(ws, counts=time.monotonic() > self.after)
+                    finally:
+                        last_open = time.monotonic()
             except (OSError, websockets.WebSocketException):
-                await asyncio.sleep(0.2)
+                pass
+            await asyncio.sleep(self.next_delay(retry, last_open))
+            if time.monotonic() - last_open >= RECENT_S:
+                retry = min(retry * 2, 15.0)
 
-    async def listen(self, ws) -> None:
+    @staticmethod
+    def next_delay(retry: float, last_open: float) -> float:
+        if time.monotonic() - last_open < RECENT_S:  # live.js: a server that answered moments ago
+            return 0.25 + random.random() * 0.5
+        return retry + random.random() * retry
+
+    async def listen(self, ws, counts: bool) -> None:
+        if counts and self.reopened is None:
+            self.reopened = time.monotonic()
         await ws.send(json.dumps({"type": "subscribe", "nodes": "all"}))  # every node's values
         while not self.stop.is_set():
             try:
                 message = json.loads(await asyncio.wait_for(ws.recv(), timeout=0.5))
             except TimeoutError:
                 continue
-            self.note(message)
+            self.note(message, counts)
 
-    def note(self, message: dict) -> None:
-        if message["type"] == "fleet.update":
-            for node in message["nodes"]:
-                self.heard[node["node"]] = time.monotonic()
-        elif message["type"] == "fleet.node" and message["status"] == "online":
+    def note(self, message: dict, counts: bool) -> None:
+        if message["type"] == "fleet.node" and message["status"] == "online":
             self.online.add(message["node"])
+            if counts:  # the new process welcomed this node's agent (its hello is done)
+                self.welcomed.setdefault(message["node"], time.monotonic())
+        elif message["type"] == "fleet.update" and counts:
+            now = time.monotonic()
+            for node in message["nodes"]:
+                self.live.setdefault(node["node"], now)
+                if node["t"] >= self.up_wall:
+                    self.fresh.setdefault(node["node"], now)
 
-    def live_since(self, moment: float) -> int:
-        return sum(1 for t in self.heard.values() if t > moment)
+
+def spread(times: dict[int, float], since: float) -> dict[str, float]:
+    """When the nodes came back, seconds after `since`: the first, the median, the 90th percentile."""
+    ordered = sorted(t - since for t in times.values())
+    if not ordered:
+        return {}
+    pick = lambda q: round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)  # noqa: E731
+    return {"first": round(ordered[0], 2), "p50": pick(0.5), "p90": pick(0.9)}
 
 
 async def wait_for(check, timeout: float, what: str) -> None:
     async with asyncio.timeout(timeout):
         while not check():
             await asyncio.sleep(0.1)
+
+
+async def seconds_until(check, since: float, deadline: float) -> float | None:
+    """Seconds from `since` until `check()` holds, or None if it did not by the (monotonic) deadline."""
+    while not check():
+        if time.monotonic() > deadline:
+            return None
+        await asyncio.sleep(0.05)
+    return round(time.monotonic() - since, 2)
 
 
 async def storm(
@@ -93,12 +147,12 @@ async def storm(
         await wait_for(lambda: len(browser.online) >= len(tokens), 600, "every node online")
         ready.touch()
         await asyncio.sleep(args.warmup)
-        stopped = time.monotonic()
+        stopped = browser.after = time.monotonic()
         down = await asyncio.to_thread(restart)
-        await wait_for(
-            lambda: browser.live_since(stopped) >= len(tokens), args.after, "every node live again"
-        )
-        all_live = time.monotonic() - stopped
+        browser.up_wall = time.time()  # the new process listens: samples from now on are not backlog
+        deadline = stopped + args.after
+        all_live = await seconds_until(lambda: len(browser.live) >= len(tokens), stopped, deadline)
+        all_fresh = await seconds_until(lambda: len(browser.fresh) >= len(tokens), stopped, deadline)
         out, _ = await agents.communicate()
     finally:
         if agents.returncode is None:
@@ -106,7 +160,17 @@ async def storm(
             await agents.wait()
         browser.stop.set()
         await watcher
-    return {**json.loads(out), "all_live_s": round(all_live, 2), **down}
+    return {
+        **json.loads(out),
+        **down,
+        "all_live_s": all_live,  # None: not every node within --after
+        "all_fresh_s": all_fresh,
+        "live_within_5s": sum(1 for t in browser.live.values() if t - stopped <= 5.0),
+        "browser_back_s": round(browser.reopened - stopped, 2) if browser.reopened else None,
+        "welcome_spread_s": spread(browser.welcomed, stopped),
+        "live_spread_s": spread(browser.live, stopped),
+        "fresh_spread_s": spread(browser.fresh, stopped),
+    }
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -147,7 +211,13 @@ def run(args: argparse.Namespace) -> dict:
     return {
         "agents": args.agents,
         "gpus_per_agent": args.gpus,
-        "all_live_s": outcome["all_live_s"],
+        "all_live_s": outcome["all_live_s"],  # every node's first value after the stop (the page: online)
+        "all_fresh_s": outcome["all_fresh_s"],  # every node's first value sampled after the new one listened
+        "browser_back_s": outcome["browser_back_s"],  # the browser's socket open again (live.js's backoff)
+        "live_within_5s": outcome["live_within_5s"],  # nodes live again within the target's 5 s
+        "welcome_spread_s": outcome["welcome_spread_s"],  # nodes announced online by the new process
+        "live_spread_s": outcome["live_spread_s"],
+        "fresh_spread_s": outcome["fresh_spread_s"],
         "stop_s": outcome["stop_s"],  # SIGTERM until the old process is gone
         "server_down_s": outcome["server_down_s"],  # until the new one listens: no agent can beat it
         "sent": sent,

@@ -16,6 +16,7 @@ import time
 import weakref
 
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
@@ -23,18 +24,23 @@ from django.db import DatabaseError
 from redis.exceptions import RedisError
 
 from agents import protocol
-from dashboard import asking, browser_json, deploy, ingest, subscriptions, tasks
+from dashboard import admission, asking, browser_json, ingest, subscriptions, tasks
 from dashboard.choices import NodeStatus
 from dashboard.live import FLEET_GROUP, FleetFanout, agent_group, announce_node
 from dashboard.models import AgentToken, Node
 from dashboard.telemetry import LIVE
 
 BROWSER_OUTBOX = 50  # ticks waiting for a slow browser beyond this are dropped (as a full channel drops them)
+SERVER_STOPPING = 1012  # the close code uvicorn gives every socket when the process stops ("service restart")
 CHANNEL_LAYER_TIMEOUT_S = 5.0  # a hello that waits longer on Redis is told to reconnect
+BUS_RETRY_S = 5.0  # ... after this long, not within its 1 s restart window
 MAX_BROWSER_FRAME_CHARS = 16_384  # a browser's ask: a prompt of at most 4,000 characters and a few fields
 
 log = logging.getLogger(__name__)
 _buffers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ingest.IngestBuffer] = (
+    weakref.WeakKeyDictionary()
+)
+_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, admission.HelloGate] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -48,6 +54,14 @@ def ingest_buffer() -> ingest.IngestBuffer:
         _buffers[loop] = ingest.IngestBuffer(queue_jobs=tasks.enqueue, listeners=[fanout.record])
         LIVE.attach(_buffers[loop])  # /metrics reads the newest readings and the rows waiting
     return _buffers[loop]
+
+
+def hello_gate() -> admission.HelloGate:
+    """This process's (event loop's) admission of hellos."""
+    loop = asyncio.get_running_loop()
+    if loop not in _gates:
+        _gates[loop] = admission.HelloGate(settings.HELLO_CONCURRENT)
+    return _gates[loop]
 
 
 def bearer_token(scope: dict) -> str:
@@ -68,10 +82,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
     stored_seq: int = 0  # highest sequence number known to be in the database (what may be acked)
     closing: bool = False  # revoked, replaced or told to send again: no more frames are taken
     replaced: bool = False  # a newer connection of this node took over (it marks the node connected)
+    queued: bool = False  # admitted by the hello gate and not welcomed yet
 
     async def connect(self) -> None:
         await self.accept()
         LIVE.socket_opened("agent")
+        hello_gate().admit()
+        self.queued = True
         token = await database_sync_to_async(AgentToken.authenticate_token)(bearer_token(self.scope))
         if token is None:
             await self.send(protocol.error("unauthorized", "unknown or revoked agent token"))
@@ -84,7 +101,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             # Redis away (restarting, overloaded): without the group the server cannot reach this agent, so
             # tell it to come back rather than leave it waiting for a welcome that never comes.
             self.closing = True
-            await self.send(protocol.error("busy", "the server's message bus is unavailable; reconnect"))
+            await self.send(protocol.busy("the server's message bus is unavailable; reconnect", BUS_RETRY_S))
             await self.close(protocol.CLOSE_RETRY)
 
     async def join_node_group(self) -> None:
@@ -92,8 +109,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_send(agent_group(self.node.pk), {"type": "agent.replaced"})
         await self.channel_layer.group_add(agent_group(self.node.pk), self.channel_name)
 
+    def leave_queue(self) -> None:
+        if self.queued:
+            self.queued = False
+            hello_gate().leave()
+
     async def disconnect(self, code: int) -> None:
         LIVE.socket_closed("agent")
+        self.leave_queue()
         if self.node is not None:
             if self.gpu_ids is not None and not self.replaced:
                 LIVE.agent_gone(self.node.pk)
@@ -105,12 +128,25 @@ class AgentConsumer(AsyncWebsocketConsumer):
             except RedisError as exc:  # many agents leaving at once; the beat task announces them anyway
                 log.warning("could not announce %s leaving: %s", self.node.name, exc)
 
+    def server_stopping(self) -> None:
+        """This process stops (uvicorn closes every socket with 1012): the agent did not go anywhere and will be
+        back on the next process in about a second. Marking 1,000 nodes disconnected and announcing each (a
+        database write, Redis messages and two trips to the database thread per agent) held a restart's stop
+        until its timeout; the node's next hello, or the silent-node sweep if none comes, says how it is."""
+        LIVE.socket_closed("agent")
+        self.leave_queue()
+        if self.node is not None and self.gpu_ids is not None and not self.replaced:
+            LIVE.agent_gone(self.node.pk)
+        raise StopConsumer()
+
     async def dispatch(self, message: dict) -> None:
         # Channels hops to the database thread before every handler to close stale connections. Agent
         # frames reach the database only through the ingest buffer (which does that once per flush) or
         # database_sync_to_async (which does it itself), so the hop per frame only queues behind writes.
         if message["type"] == "websocket.receive":
             await self.websocket_receive(message)
+        elif message["type"] == "websocket.disconnect" and message.get("code") == SERVER_STOPPING:
+            self.server_stopping()
         else:
             await super().dispatch(message)
 
@@ -147,24 +183,28 @@ class AgentConsumer(AsyncWebsocketConsumer):
             self.accepted_at = now
 
     async def hello(self, message: protocol.Hello) -> None:
+        async with hello_gate().turn():
+            welcome = await self.store_hello(message)
+        self.leave_queue()
+        node = self.node = welcome.node
+        self.gpu_ids, self.accepted_seq, self.stored_seq = welcome.gpu_ids, node.last_seq, node.last_seq
+        LIVE.agent_online(node.pk)
+        self.accepted_at = welcome.watermark_moved.timestamp()
+        await self.send(protocol.welcome(node.name, node.last_seq))
+        for frame in welcome.launches:
+            await self.send(frame)  # the agent launches idempotently: this only restores what it lost
+        await announce_node(node.pk, node.name, NodeStatus.ONLINE)
+
+    async def store_hello(self, message: protocol.Hello) -> ingest.Welcome:
         buffer = ingest_buffer()
         if buffer.holds(self.node.pk):  # what an earlier connection of this agent still has in flight
             await buffer.flush()  # (only then: after a restart, 1,000 hellos were 1,000 early flushes)
-        node = await database_sync_to_async(Node.objects.get)(pk=self.node.pk)
-        watermark_moved = node.last_seen or node.created
         try:
-            self.gpu_ids = await database_sync_to_async(ingest.apply_hello)(node, message)
+            return await database_sync_to_async(ingest.welcome_node)(self.node.pk, message)
         except (DatabaseError, *ingest.REFUSALS) as exc:
             raise protocol.ProtocolError(
                 "hello_refused", f"the server could not store this hello: {exc}"
             ) from None
-        self.node, self.accepted_seq, self.stored_seq = node, node.last_seq, node.last_seq
-        LIVE.agent_online(node.pk)
-        self.accepted_at = watermark_moved.timestamp()
-        await self.send(protocol.welcome(node.name, node.last_seq))
-        for frame in await database_sync_to_async(deploy.desired_launches)(node):
-            await self.send(frame)  # the agent launches idempotently: this only restores what it lost
-        await announce_node(node.pk, node.name, NodeStatus.ONLINE)
 
     async def answer(self, message: protocol.Answer) -> None:
         """Part of an answer to a browser's ask: stored if it ends a measurement, passed to that browser."""
@@ -327,7 +367,9 @@ class FleetConsumer(AsyncWebsocketConsumer):
         await self.send(browser_json.dumps(event))
 
     async def fleet_update(self, event: dict) -> None:
-        await self.send(event["text"])  # deployment changes, encoded once for every browser (live.fleet_update)
+        await self.send(
+            event["text"]
+        )  # deployment changes, encoded once for every browser (live.fleet_update)
 
     async def fleet_node(self, event: dict) -> None:
         await self.send(browser_json.dumps(event))

@@ -36,6 +36,7 @@ DEPLOYMENT_LABELS = ("deployment", "model", "node", "backend")
 # A failed deployment stays on /metrics this long (then only the page shows it): the label set stays bounded.
 FAILED_SHOWN = timedelta(hours=1)
 
+
 @dataclass(frozen=True)
 class GpuRow:
     gpu_id: int

@@ -89,7 +89,9 @@ class FamilyText:
     """Renders families from kept pieces that prometheus_client rendered: HELP/TYPE and sample name per family,
     the label text per label set (per label names, shared by every family with those names)."""
 
-    heads: dict[tuple, tuple[str, str]] = field(default_factory=dict)  # family -> (HELP/TYPE text, sample name)
+    heads: dict[tuple, tuple[str, str]] = field(
+        default_factory=dict
+    )  # family -> (HELP/TYPE text, sample name)
     label_texts: dict[Labels, dict[Labels, str]] = field(default_factory=dict)  # names -> values -> '{..}'
     value_texts: ValueTexts = field(default_factory=lambda: ValueTexts())
 

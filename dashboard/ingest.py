@@ -80,6 +80,26 @@ def apply_hello(node: Node, hello: Hello) -> dict[int, int]:
     return gpu_ids
 
 
+@dataclass
+class Welcome:
+    """What a hello gives the agent's connection: the node as stored now, with its replay watermark."""
+
+    node: Node
+    gpu_ids: dict[int, int]  # GPU index -> Gpu id, for sample rows
+    watermark_moved: datetime  # when the watermark last moved (before this hello): bounds the next seq jump
+    launches: list[str]  # launch frames of what the node should be running
+
+
+def welcome_node(node_id: int, hello: Hello) -> Welcome:
+    """The database side of a hello in one trip to the database thread (three trips cost a reconnect wave
+    of 1,000 hellos three queues behind the ingest flushes): the node read afresh (another server process
+    may have moved its watermark), the hello applied, the launches to restore."""
+    node = Node.objects.get(pk=node_id)
+    moved = node.last_seen or node.created
+    gpu_ids = apply_hello(node, hello)
+    return Welcome(node, gpu_ids, moved, deploy.desired_launches(node))
+
+
 def inventory_digest(hello: Hello) -> str:
     inventory = {
         "gpus": [g.model_dump() for g in hello.gpus],

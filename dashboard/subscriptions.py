@@ -30,7 +30,9 @@ from dashboard.live import POINT_KEYS, TICKS_GROUP
 from dashboard.models import Node
 
 MAX_NODES = 200  # a fleet page shows 50 cards; a page asking for more than this asks for "all"
-FRESH_S = 5.0  # a page that just subscribed gets the values the hub holds of nodes that reported this recently
+FRESH_S = (
+    5.0  # a page that just subscribed gets the values the hub holds of nodes that reported this recently
+)
 REJOIN_S = 3600.0  # group memberships expire in Redis (a day by default): the hub renews its own
 KEYS_JSON = json.dumps(list(POINT_KEYS))
 log = logging.getLogger(__name__)
@@ -101,7 +103,9 @@ class LiveHub:
     def __init__(self) -> None:
         self.layer = get_channel_layer()
         self.watchers: dict[Watcher, Subscription] = {}
-        self.latest: dict[str, tuple[float, str]] = {}  # node id -> (when received, its newest values encoded)
+        self.latest: dict[
+            str, tuple[float, str]
+        ] = {}  # node id -> (when received, its newest values encoded)
         self.cells: dict[str, int] = {}  # GPU id -> heatmap colour (0-10 by utilization)
         self.task: asyncio.Task | None = None
 

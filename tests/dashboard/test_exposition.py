@@ -43,15 +43,22 @@ def assert_same_text(text: FamilyText, family: Family) -> None:
 @pytest.mark.parametrize("counter", [False, True])
 def test_it_writes_what_prometheus_client_writes_for_odd_labels_and_values(counter):
     values = list(ODD_VALUES) * 2
-    family = Family("layercake_gpu_odd", 'Help with "quotes", \\ and\na newline.', GPU, gpu_points(values), counter)
+    family = Family(
+        "layercake_gpu_odd", 'Help with "quotes", \\ and\na newline.', GPU, gpu_points(values), counter
+    )
     assert_same_text(FamilyText(), family)
 
 
 def test_it_stays_identical_as_values_change_and_readings_come_and_go():
     text, rng = FamilyText(), random.Random(12)
     for scrape in range(30):
-        values = [rng.choice([rng.uniform(-1e3, 1e12), rng.choice(ODD_VALUES), rng.randrange(300)]) for _ in range(18)]
-        points = tuple(p for p in gpu_points(values) if rng.random() > 0.2)  # a GPU without a reading: no point
+        values = [
+            rng.choice([rng.uniform(-1e3, 1e12), rng.choice(ODD_VALUES), rng.randrange(300)])
+            for _ in range(18)
+        ]
+        points = tuple(
+            p for p in gpu_points(values) if rng.random() > 0.2
+        )  # a GPU without a reading: no point
         assert_same_text(text, Family("layercake_gpu_power_watts", "Power draw.", GPU, points))
         assert_same_text(text, Family("layercake_gpu_temperature_celsius", "T.", GPU, points[scrape % 3 :]))
 
@@ -59,7 +66,9 @@ def test_it_stays_identical_as_values_change_and_readings_come_and_go():
 def test_it_writes_unlabelled_and_empty_families_and_other_label_names():
     text = FamilyText()
     assert_same_text(text, Family("layercake_agents_connected", "Agents.", (), (((), 12.0),)))
-    assert_same_text(text, Family("layercake_ingest_samples_stored", "Stored.", (), (((), 8e6),), counter=True))
+    assert_same_text(
+        text, Family("layercake_ingest_samples_stored", "Stored.", (), (((), 8e6),), counter=True)
+    )
     assert_same_text(text, Family("layercake_ingest_lag_seconds", "Lag.", (), ()))
     assert_same_text(text, Family("layercake_gpu_odd", "Empty.", GPU, ()))
     node = ("node", "status")

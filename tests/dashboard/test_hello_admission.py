@@ -1,0 +1,77 @@
+"""Admission of hellos in a reconnect wave (dashboard.admission): a bounded number at a time; an agent told
+to come back (the message bus away) is told when; a stopping server leaves its nodes connected."""
+
+import asyncio
+import json
+
+import pytest
+
+from dashboard import consumers
+from dashboard.admission import HelloGate
+from tests.agent_socket import (  # noqa: F401 (autouse fixtures)
+    close_the_consumers_connection,
+    connect,
+    hello,
+    in_memory_layer,
+    make_node,
+    say,
+)
+
+
+@pytest.mark.asyncio
+async def test_it_works_on_at_most_the_bound_of_hellos_at_once():
+    gate, inside, most = HelloGate(concurrent=3), 0, 0
+
+    async def one_hello():
+        nonlocal inside, most
+        gate.admit()
+        async with gate.turn():
+            inside += 1
+            most = max(most, inside)
+            await asyncio.sleep(0.01)
+            inside -= 1
+        gate.leave()
+
+    await asyncio.gather(*(one_hello() for _ in range(20)))
+    assert most == 3 and gate.waiting == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_it_tells_an_agent_when_to_come_back_while_the_message_bus_is_away(monkeypatch):
+    from tests.dashboard.test_agent_consumer import UnreachableLayer
+
+    monkeypatch.setattr("channels.consumer.get_channel_layer", lambda alias="default": UnreachableLayer())
+    comm = await connect(await make_node())
+    reply = json.loads(await comm.receive_from())
+    assert reply["code"] == "busy" and reply["retry_after_s"] == consumers.BUS_RETRY_S
+    assert (await comm.receive_output())["code"] == 1013
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_it_welcomes_in_turn_and_leaves_the_queue_empty():
+    gate = consumers.hello_gate()
+    comms = [await connect(await make_node(f"n{i}")) for i in range(5)]
+    assert gate.waiting == 5
+    replies = await asyncio.gather(*(say(c, hello(boot=f"boot-000{i}")) for i, c in enumerate(comms)))
+    assert [r["type"] for r in replies] == ["welcome"] * 5, replies
+    assert gate.waiting == 0
+    for comm in comms:
+        await comm.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("code", "still_connected"), [(consumers.SERVER_STOPPING, True), (1000, False)])
+async def test_it_leaves_the_node_connected_when_the_server_stops_not_the_agent(code, still_connected):
+    from channels.db import database_sync_to_async
+
+    from dashboard.models import Node
+
+    comm = await connect(await make_node("restarting"))
+    assert (await say(comm, hello(boot="boot-0001")))["type"] == "welcome"
+    await comm.disconnect(code=code)
+    await asyncio.sleep(0.1)
+    node = await database_sync_to_async(Node.objects.get)(name="restarting")
+    assert node.connected is still_connected
