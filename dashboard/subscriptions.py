@@ -30,9 +30,8 @@ from dashboard.live import POINT_KEYS, TICKS_GROUP
 from dashboard.models import Node
 
 MAX_NODES = 200  # a fleet page shows 50 cards; a page asking for more than this asks for "all"
-FRESH_S = (
-    5.0  # a page that just subscribed gets the values the hub holds of nodes that reported this recently
-)
+# A page that just subscribed gets the values the hub holds of nodes that reported this recently.
+FRESH_S = 5.0
 REJOIN_S = 3600.0  # group memberships expire in Redis (a day by default): the hub renews its own
 KEYS_JSON = json.dumps(list(POINT_KEYS))
 log = logging.getLogger(__name__)
