@@ -205,7 +205,7 @@ def restart_deployment(deployment_id: str, fault: str | None = None, by: str = "
     deployment = Deployment.objects.select_related("node").get(pk=deployment_id)
     if fault is None and deploy.injected_fault(deployment) != "none":
         fault = "none"
-    if fault is not None:
+    if fault is not None and deploy.injected_fault(deployment) != fault:  # the inject view records it first
         deployment = deploy.with_sim_fault(deployment_id, fault, by)
     # pid cleared: a restart that never reaches the agent is then re-sent as a launch (resend_lost_launches),
     # which an agent whose old server still runs answers with "already running".

@@ -191,10 +191,11 @@ def discard_deployment(request: HttpRequest, deployment: Deployment) -> HttpResp
 
 
 def inject_fault(request: HttpRequest, deployment: Deployment) -> HttpResponse:
-    """Checked here (a bad fault is refused with the reason, nothing changes); the restart task applies it."""
+    """Recorded here, so the page shows it at once (a bad fault is refused with the reason, nothing changes);
+    the restart task restarts the server with it."""
     fault, by = request.POST.get("fault", ""), request.user.get_username()
     try:
-        deploy.check_fault(deployment, fault)
+        deploy.with_sim_fault(deployment.pk, fault, by)
     except deploy.DeployError as exc:
         messages.error(request, str(exc))
         return redirect(deployment)

@@ -59,6 +59,20 @@ def test_it_refuses_a_bad_fault_naming_it_and_changes_nothing(client, alice, sim
     assert not simulated.events.exists()
 
 
+def test_it_shows_the_injected_fault_at_once_before_the_worker_restarts(
+    client, alice, simulated, monkeypatch
+):
+    sent = []
+    monkeypatch.setattr(tasks.restart_deployment, "delay", lambda *args: sent.append(args))  # a busy worker
+    client.force_login(alice)
+    response = client.post(f"/deployments/{simulated.pk}/inject/", {"fault": "stall"}, follow=True)
+    assert "Running with the injected fault <b>stall</b>" in response.content.decode()
+    assert sent == [(simulated.pk, "stall", "alice")]
+    tasks.restart_deployment(*sent[0])  # the worker gets to it: one event, the restart carries the fault
+    assert simulated.events.filter(detail="fault stall injected by alice").count() == 1
+    assert Deployment.objects.get(pk=simulated.pk).state == "launching"
+
+
 def test_it_refuses_a_restart_whose_launch_names_another_deployment():
     launch = protocol.Launch(type="launch", v=1, deployment="other", backend="simulated", model="m", gpus=[0])
     with pytest.raises(ValueError, match="the launch is for other, not d1"):
