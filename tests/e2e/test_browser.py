@@ -57,10 +57,13 @@ def test_it_shows_the_topology_grid_and_a_chart_receiving_points(live_stack, ali
 def test_it_fills_the_chart_gap_after_the_live_socket_reconnects(live_stack, alice, browser, log_dir):
     node, token = node_with_token("a30-seed")
     agent = start_agent(live_stack.url, token, "sim:a30x4", log_dir)
-    sockets = []
+    sockets, outage = [], []
 
     def through(ws) -> None:  # the page's socket goes through here, so the test can cut it
         sockets.append(ws)
+        if outage:  # the server is away: the page's retries (within a second, live.js) are closed at once
+            ws.close()
+            return
         ws.connect_to_server()
 
     try:
@@ -70,9 +73,11 @@ def test_it_fills_the_chart_gap_after_the_live_socket_reconnects(live_stack, ali
         login(page, live_stack.url)
         page.goto(f"{live_stack.url}/nodes/{node.name}/")
         page.wait_for_function("window.layercakePoints >= 2", timeout=15000)
+        outage.append(True)
         sockets[-1].close()
         page.wait_for_function("document.getElementById('live-status').textContent !== 'live'", timeout=5000)
         page.wait_for_timeout(2500)  # the agent keeps sending; the page hears nothing of it
+        outage.clear()
         page.wait_for_function("window.layercakeBackfilled > 0", timeout=20000)
         gaps = page.evaluate("""() => {
             const xs = Chart.getChart('chart-' + document.querySelector('figure.chart').dataset.gpu)
