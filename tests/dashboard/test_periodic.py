@@ -80,7 +80,9 @@ def test_it_judges_stalled_deployments_in_queries_that_do_not_grow_with_them():
         storm.stalled_deployments(count, history_s=20, stuck_s=120)
         counts.append(steady_queries())
         assert Alert.objects.unresolved().filter(kind="stall").count() == count
-    assert counts[0] == counts[1]
+    # Equal but for the one bulk update of alerts whose text changed between the two runs (a stall's age can
+    # cross a rounding step in between, or not, with the machine's speed): 0 or 1 query, never one per alert.
+    assert abs(counts[0] - counts[1]) <= 1, counts
 
 
 def test_it_announces_every_silent_node_in_one_message(settings):
