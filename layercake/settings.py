@@ -254,7 +254,7 @@ INGEST_FLUSH_SECONDS = envfloat("INGEST_FLUSH_SECONDS", "0.25")
 FANOUT_SECONDS = envfloat("FANOUT_SECONDS", "0.5")
 # Agents' hellos worked on at once per process (0: no bound). In a 1,000-agent restart (bench/README.md) a bound
 # of 8 let the browsers back in 3 s and half the nodes live in 28 s; with no bound no browser got in for 120 s.
-HELLO_CONCURRENT = int(os.environ.get("HELLO_CONCURRENT", "8"))
+HELLO_CONCURRENT = int(envfloat("HELLO_CONCURRENT", "8"))
 
 # The REST API (/api/v1/, django-ninja): lists come in pages of 50 by default, 200 at most.
 NINJA_PAGINATION_PER_PAGE = 50
