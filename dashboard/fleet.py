@@ -12,11 +12,11 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Round
 from django.utils import timezone
 
-from dashboard import storage
+from dashboard import metric_hours, storage
 from dashboard.choices import DeploymentState, LinkClass, NodeStatus
 from dashboard.live import TIMED_POINT_KEYS, GpuPoint, gpu_point
 from dashboard.models import Deployment, DeploymentMember, Gpu, GpuSample, LogChunk, Node
-from dashboard.models.fleet import GpuRollup
+from dashboard.models.fleet import GpuHour, GpuRollup
 
 
 @dataclass
@@ -287,9 +287,14 @@ def log_tail(deployment: Deployment, lines: int = 200) -> list[str]:
 
 def metric_history(deployment: Deployment, minutes: int) -> list[list[float | None]]:
     """[[unix_ms, generation tok/s, running, waiting], ...] for the deployment chart, with gaps as in
-    gpu_history; past the raw window, averaged per bucket of the tier that range reads (a minute or an hour)."""
-    rows = deployment.metrics.filter(t__gte=timezone.now() - timedelta(minutes=minutes))
+    gpu_history; past the raw window, averaged per bucket of the tier that range reads: a minute from the rows,
+    an hour from the deployment's hourly averages."""
+    since = timezone.now() - timedelta(minutes=minutes)
+    rows = deployment.metrics.filter(t__gte=since)
     tier = storage.tier_for(minutes)
+    if tier is GpuHour:  # the 7 d and 90 d ranges: hours outlive the rows (METRIC_RETENTION_DAYS)
+        step = chart_step(tier, minutes)
+        return with_gaps(metric_hours.history(deployment.pk, since, step), GAP_STEPS * step * 1000)
     if tier is None:
         points = [
             [m.t.timestamp() * 1000, m.generation_tokens_per_s, m.requests_running, m.requests_waiting]

@@ -6,9 +6,11 @@ from dashboard.models.deployments import (
     CanaryProbe,
     Deployment,
     DeploymentEvent,
+    DeploymentHour,
     DeploymentLoadTest,
     DeploymentMember,
     DeploymentMetric,
+    MetricRollupMark,
     PlanRequest,
 )
 from dashboard.models.fleet import (
@@ -38,6 +40,7 @@ __all__ = [
     "DeploymentMeasurement",
     "DeploymentLoadTest",
     "DeploymentMember",
+    "DeploymentHour",
     "DeploymentMetric",
     "Gpu",
     "GpuHour",
@@ -45,6 +48,7 @@ __all__ = [
     "GpuSample",
     "Link",
     "LogChunk",
+    "MetricRollupMark",
     "Node",
     "NodeModel",
     "Notification",

@@ -407,6 +407,33 @@ class DeploymentMetric(models.Model):
         return f"{self.deployment_id} @ {self.t:%H:%M:%S}"
 
 
+class DeploymentHour(models.Model):
+    """A deployment's metric rows averaged per hour, kept HOUR_RETENTION_DAYS (the 7 d and 90 d charts) while
+    the rows themselves go after METRIC_RETENTION_DAYS. Rebuilt from the rows by dashboard/storage.py for
+    every hour that got a row since the last pass, so a row an agent replays late lands in its hour."""
+
+    pk = models.CompositePrimaryKey("deployment", "start")
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="+", db_index=False)
+    start = models.IntegerField(help_text="the hour's start, unix seconds")
+    n = models.IntegerField(help_text="metric rows in the hour")
+    generation_tokens_per_s = models.FloatField(null=True)
+    requests_running = models.FloatField(null=True)
+    requests_waiting = models.FloatField(null=True)
+
+    SECONDS = 3600
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id} @ {self.start}"
+
+
+class MetricRollupMark(models.Model):
+    """How far DeploymentHour has read DeploymentMetric: rows with ids up to `rolled_id` are in their hours;
+    the next pass reads up to `seen_id`, the highest id when the last one ran (dashboard/metric_hours.py)."""
+
+    rolled_id = models.BigIntegerField(default=0)
+    seen_id = models.BigIntegerField(default=0)
+
+
 class CanaryProbe(models.Model):
     """One canary probe the agent sent an idle deployment (agents/canary.py); kept for probes per hour."""
 
