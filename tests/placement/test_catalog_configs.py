@@ -25,6 +25,8 @@ def h100_node(name: str) -> dict:
 
 # "Model size" of each model page on huggingface.co (safetensors metadata) / the model card, billions.
 PUBLISHED_B = {
+    "DeepSeek-R1-Distill-Qwen-1.5B": 1.78,  # untied embeddings on Qwen2.5-Math-1.5B's geometry
+    "DeepSeek-R1-Distill-Qwen-7B": 7.62,
     "DeepSeek-V2-Lite": 15.7,
     "DeepSeek-V3": 671.0,  # the main model; the 14B MTP module on top is for speculative decoding only
     "Llama-3.2-1B-Instruct": 1.24,
@@ -161,3 +163,16 @@ def test_it_reads_chatglm_field_names_as_glm_4_9b_chat_uses_them() -> None:
     assert spec.total_params / 1e9 == pytest.approx(9.4, rel=0.01)
     with pytest.raises(PlacementError, match="num_hidden_layers"):
         spec_from_hf_config({**chatglm, "model_type": "glm4"}, "x", "x", "test input")
+
+
+def test_it_keeps_every_r1_distill_layer_full_attention_as_vllm_does() -> None:
+    """The R1 distills' config.json says sliding_window 4096 with use_sliding_window false: vLLM (and HF Qwen2)
+    use full attention in all 28 layers, so the KV grows with the whole context, not the 4096-token window."""
+    for repo, kv_heads in (
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", 2),
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 4),
+    ):
+        spec = load_model(repo)
+        assert (spec.num_layers, spec.num_kv_heads, spec.head_dim) == (28, kv_heads, 128)
+        assert spec.kv_elements_per_token() == 2 * 28 * kv_heads * 128
+        assert spec.max_position_embeddings == 131072
