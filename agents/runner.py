@@ -24,6 +24,7 @@ import websockets
 from agents import __version__, ask, protocol
 from agents.backends import LaunchRefused
 from agents.canary import ProbeOutcome
+from agents.engines import RECHECK_S, detect_engines
 from agents.gpus.base import GpuSource, GpuSourceError, LoadAware
 from agents.inventory import scan_model_dirs
 from agents.ring import Outbox, outbox_owner
@@ -143,6 +144,8 @@ class Agent:
         self.ws = None  # the open connection: answers to `ask` go straight on it, never through the outbox
         self.launches: dict[str, protocol.Launch] = {}
         self.generated: dict[str, float] = {}
+        self.engines: list[protocol.EngineVersion] = []  # what `refresh_engines` found, for the hello
+        self.engines_read_at: float | None = None
 
     def open_disk_outbox(self, capacity: int) -> Outbox:
         if self.run_dir is None:
@@ -179,8 +182,20 @@ class Agent:
             gpus=self.source.inventory(),
             topology=self.source.topology(),
             models=scan_model_dirs(self.model_dirs),
+            engines=self.engines,
         )
         return protocol.dump(message)
+
+    async def refresh_engines(self) -> None:
+        """Read the installed engines' versions (in a thread: a probe may take seconds), at most every RECHECK_S."""
+        now = time.monotonic()
+        if self.engines_read_at is not None and now - self.engines_read_at < RECHECK_S:
+            return
+        self.engines = await asyncio.to_thread(detect_engines)
+        self.engines_read_at = now
+        log.info(
+            "engines: %s", ", ".join(f"{e.backend} {e.version or 'unknown'}" for e in self.engines) or "none"
+        )
 
     def queue(self, message: type[protocol.Sequenced], kind: str, t: float, **fields) -> None:
         """Add one sequenced message to the outbox; its sequence number is given when it is first sent."""
@@ -285,6 +300,7 @@ class Agent:
         backoff = Backoff()
         while True:
             try:
+                await self.refresh_engines()
                 await self.session(backoff)
             except AgentRejected:
                 raise
