@@ -32,6 +32,8 @@ VERSION = re.compile(protocol.ENGINE_VERSION)
 LLAMA_CPP_BUILD = re.compile(r"version:\s*(\d+)\s*\(")  # `llama-server --version`: "version: 4567 (abc1234)"
 OLLAMA_VERSION = re.compile(r"version is\s+(\S+)")  # "ollama version is 0.5.7" / "client version is 0.5.7"
 MAX_DETAIL = protocol.MAX_MODEL_FIELD
+# pip's entry point when the interpreter's path is too long for `#!`: `#!/bin/sh`, then this line.
+PIP_SH_EXEC = re.compile(r"""^'''exec' (?:"([^"]+)"|(\S+)) "\$0" "\$@"$""")
 
 
 class ProbeFailed(RuntimeError):
@@ -97,12 +99,16 @@ def binary_engine(
 
 
 def script_python(script: Path, path: str | None) -> str:
-    """The interpreter an entry-point script runs: its `#!` line (`#!/usr/bin/env python3` looked up on path)."""
+    """The interpreter an entry-point script runs: its `#!` line (`#!/usr/bin/env python3` looked up on path),
+    or the `exec` line pip writes under `#!/bin/sh` when the interpreter's path is too long for `#!`."""
     try:
         with script.open("rb") as fh:
-            first = fh.readline(1024).decode("utf-8", "replace").strip()
+            first, second = (fh.readline(4096).decode("utf-8", "replace").strip() for _ in range(2))
     except OSError as exc:
         raise ProbeFailed(f"cannot read {script}: {exc.strerror}") from None
+    trampoline = PIP_SH_EXEC.match(second) if first == "#!/bin/sh" else None
+    if trampoline:
+        return trampoline.group(1) or trampoline.group(2)
     words = first[2:].split() if first.startswith("#!") else []
     if len(words) == 2 and Path(words[0]).name == "env":
         words = [shutil.which(words[1], path=path) or ""]

@@ -81,6 +81,17 @@ def test_it_follows_an_env_shebang_to_the_python_on_path(install) -> None:
     assert found(bin_dir)["vllm"].version == "0.6.4.post1"
 
 
+def test_it_follows_pips_sh_trampoline_for_a_long_interpreter_path(install, tmp_path: Path) -> None:
+    bin_dir, site = install
+    python = tmp_path / "a venv whose path pip would not put after #!" / "python"
+    python.parent.mkdir()
+    python.symlink_to(sys.executable)
+    body = f"#!/bin/sh\n'''exec' \"{python}\" \"$0\" \"$@\"\n' '''\nimport sys\n"
+    executable(bin_dir / "vllm", body)
+    dist_info(site, "vllm", "0.7.2")
+    assert found(bin_dir)["vllm"].version == "0.7.2"
+
+
 def test_it_reports_a_version_it_cannot_read_as_unknown_with_why(install, monkeypatch) -> None:
     bin_dir, site = install
     executable(bin_dir / "vllm", f"#!{sys.executable}\n")  # the script is there, its package is not
