@@ -124,7 +124,9 @@ class PlanIn(Schema):
     gpus: str = Field("", description="GPU indices, e.g. 0,1; empty: any")
     tp: int | None = Field(None, description="tensor-parallel size; 1: none; null: any")
     backend_version: str = Field(
-        "", description="the vLLM release that will serve, e.g. 0.7.3; empty: unknown"
+        "",
+        description="the vLLM release that will serve, e.g. 0.7.3; empty: the one the nodes' agents reported "
+        "(the pinned node's, or the one all candidate nodes agree on), else unknown",
     )
 
 
