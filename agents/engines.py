@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,6 +40,32 @@ PIP_SH_EXEC = re.compile(r"""^'''exec' (?:"([^"]+)"|(\S+)) "\$0" "\$@"$""")
 
 class ProbeFailed(RuntimeError):
     """A version could not be read; the message says why, for the node page."""
+
+
+class EngineCache:
+    """The last probe's result, shared by every agent in this process (the engines are the machine's: a bench
+    running 1,000 agents in one process probes once, not 1,000 times)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.last: tuple[float, list[protocol.EngineVersion]] | None = None  # (monotonic time, engines)
+
+    def fresh(self, max_age_s: float = RECHECK_S) -> list[protocol.EngineVersion] | None:
+        """The engines found less than `max_age_s` ago, else None."""
+        last = self.last
+        return last[1] if last is not None and time.monotonic() - last[0] < max_age_s else None
+
+    def read(self, max_age_s: float = RECHECK_S) -> list[protocol.EngineVersion]:
+        """The engines, probed again if the last probe is older than `max_age_s` (blocks: call it in a thread)."""
+        with self.lock:
+            found = self.fresh(max_age_s)
+            if found is None:
+                found = detect_engines()
+                self.last = (time.monotonic(), found)
+            return found
+
+
+ENGINES = EngineCache()
 
 
 def detect_engines(path: str | None = None) -> list[protocol.EngineVersion]:

@@ -24,7 +24,7 @@ import websockets
 from agents import __version__, ask, protocol
 from agents.backends import LaunchRefused
 from agents.canary import ProbeOutcome
-from agents.engines import RECHECK_S, detect_engines
+from agents.engines import ENGINES
 from agents.gpus.base import GpuSource, GpuSourceError, LoadAware
 from agents.inventory import scan_model_dirs
 from agents.ring import Outbox, outbox_owner
@@ -145,7 +145,6 @@ class Agent:
         self.launches: dict[str, protocol.Launch] = {}
         self.generated: dict[str, float] = {}
         self.engines: list[protocol.EngineVersion] = []  # what `refresh_engines` found, for the hello
-        self.engines_read_at: float | None = None
 
     def open_disk_outbox(self, capacity: int) -> Outbox:
         if self.run_dir is None:
@@ -187,15 +186,16 @@ class Agent:
         return protocol.dump(message)
 
     async def refresh_engines(self) -> None:
-        """Read the installed engines' versions (in a thread: a probe may take seconds), at most every RECHECK_S."""
-        now = time.monotonic()
-        if self.engines_read_at is not None and now - self.engines_read_at < RECHECK_S:
-            return
-        self.engines = await asyncio.to_thread(detect_engines)
-        self.engines_read_at = now
-        log.info(
-            "engines: %s", ", ".join(f"{e.backend} {e.version or 'unknown'}" for e in self.engines) or "none"
-        )
+        """The installed engines' versions for the next hello, probed at most every RECHECK_S per process (in a
+        thread: a probe may take seconds)."""
+        found = ENGINES.fresh()
+        if found is None:
+            found = await asyncio.to_thread(ENGINES.read)
+        if found != self.engines:
+            log.info(
+                "engines: %s", ", ".join(f"{e.backend} {e.version or 'unknown'}" for e in found) or "none"
+            )
+        self.engines = found
 
     def queue(self, message: type[protocol.Sequenced], kind: str, t: float, **fields) -> None:
         """Add one sequenced message to the outbox; its sequence number is given when it is first sent."""

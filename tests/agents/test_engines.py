@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agents import engines, protocol
-from agents.engines import detect_engines
+from agents import engines, protocol, runner
+from agents.engines import EngineCache, detect_engines
 from agents.gpus import make_source
 from agents.runner import Agent
 
@@ -125,11 +125,32 @@ def test_the_agent_sends_the_engines_in_its_hello(install, monkeypatch) -> None:
     bin_dir, site = install
     executable(bin_dir / "llama-server", shell("version: 6001 (deadbee)"))
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin:/bin")
+    monkeypatch.setattr(runner, "ENGINES", EngineCache())
     agent = Agent("http://127.0.0.1:9", "token", make_source("sim:a30x4"))
-
     asyncio.run(agent.refresh_engines())
     hello = protocol.parse_agent_message(agent.hello())
     assert [(e.backend, e.version) for e in hello.engines] == [("llama.cpp", "b6001")]
+
+
+def test_agents_in_one_process_probe_once_until_the_result_ages(install, monkeypatch) -> None:
+    """A bench runs 1,000 agents in one process: one probe serves them all; an old result is probed again."""
+    bin_dir, _ = install
+    executable(bin_dir / "ollama", shell("ollama version is 0.5.7"))
+    probes: list[str | None] = []
+    monkeypatch.setattr(
+        engines, "detect_engines", lambda path=None: probes.append(path) or detect_engines(str(bin_dir))
+    )
+    monkeypatch.setattr(runner, "ENGINES", EngineCache())
+    fleet = [Agent("http://127.0.0.1:9", f"token{i}", make_source("sim:a30x4")) for i in range(50)]
+
+    async def refresh_all() -> None:
+        await asyncio.gather(*(a.refresh_engines() for a in fleet))
+
+    asyncio.run(refresh_all())
+    assert len(probes) == 1 and {a.engines[0].version for a in fleet} == {"0.5.7"}
+    runner.ENGINES.last = (runner.ENGINES.last[0] - engines.RECHECK_S - 1, runner.ENGINES.last[1])
+    asyncio.run(fleet[0].refresh_engines())
+    assert len(probes) == 2
 
 
 # ---- on the wire ---------------------------------------------------------------------------------------
