@@ -112,6 +112,23 @@ class LocalModel(Strict):
     config: Annotated[str, Field(max_length=MAX_MODEL_CONFIG_CHARS)] = ""
 
 
+# ---------------------------------------------------------------- inference engines on the node (issue #14)
+
+MAX_NODE_ENGINES = 8
+# A release as the engines print it: 0.7.3, 0.6.4.post1, 0.8.3rc2.dev224+g49c0d11ec, llama.cpp's b4567, Ollama's 0.5.7.
+ENGINE_VERSION = r"^[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}$"
+EngineName = Literal["vllm", "sglang", "llama.cpp", "ollama"]
+
+
+class EngineVersion(Strict):
+    """An inference engine the agent can launch (found where its adapter looks) and its version; `version`
+    None: installed, but the version could not be read (`detail` says why)."""
+
+    backend: EngineName
+    version: Annotated[str, Field(pattern=ENGINE_VERSION)] | None = None
+    detail: Annotated[str, Field(max_length=MAX_MODEL_FIELD)] = ""
+
+
 class Envelope(Strict):
     """What every frame carries first: `type` (narrowed to one Literal by each message) and the version."""
 
@@ -139,6 +156,15 @@ class Hello(Envelope):
     gpus: Annotated[list[GpuInfo], Field(max_length=64)]
     topology: Topology | None = None
     models: Annotated[list[LocalModel], Field(max_length=MAX_NODE_MODELS)] = []
+    # Older agents send no `engines`: the node then reports no engine version.
+    engines: Annotated[list[EngineVersion], Field(max_length=MAX_NODE_ENGINES)] = []
+
+    @model_validator(mode="after")
+    def _one_entry_per_engine(self) -> Hello:
+        names = [e.backend for e in self.engines]
+        if len(set(names)) != len(names):
+            raise ValueError(f"engines lists a backend twice: {names}")
+        return self
 
 
 class GpuProcess(Strict):

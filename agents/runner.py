@@ -24,6 +24,7 @@ import websockets
 from agents import __version__, ask, protocol
 from agents.backends import LaunchRefused
 from agents.canary import ProbeOutcome
+from agents.engines import ENGINES
 from agents.gpus.base import GpuSource, GpuSourceError, LoadAware
 from agents.inventory import scan_model_dirs
 from agents.ring import Outbox, outbox_owner
@@ -143,6 +144,7 @@ class Agent:
         self.ws = None  # the open connection: answers to `ask` go straight on it, never through the outbox
         self.launches: dict[str, protocol.Launch] = {}
         self.generated: dict[str, float] = {}
+        self.engines: list[protocol.EngineVersion] = []  # what `refresh_engines` found, for the hello
 
     def open_disk_outbox(self, capacity: int) -> Outbox:
         if self.run_dir is None:
@@ -179,8 +181,21 @@ class Agent:
             gpus=self.source.inventory(),
             topology=self.source.topology(),
             models=scan_model_dirs(self.model_dirs),
+            engines=self.engines,
         )
         return protocol.dump(message)
+
+    async def refresh_engines(self) -> None:
+        """The installed engines' versions for the next hello, probed at most every RECHECK_S per process (in a
+        thread: a probe may take seconds)."""
+        found = ENGINES.fresh()
+        if found is None:
+            found = await asyncio.to_thread(ENGINES.read)
+        if found != self.engines:
+            log.info(
+                "engines: %s", ", ".join(f"{e.backend} {e.version or 'unknown'}" for e in found) or "none"
+            )
+        self.engines = found
 
     def queue(self, message: type[protocol.Sequenced], kind: str, t: float, **fields) -> None:
         """Add one sequenced message to the outbox; its sequence number is given when it is first sent."""
@@ -285,6 +300,7 @@ class Agent:
         backoff = Backoff()
         while True:
             try:
+                await self.refresh_engines()
                 await self.session(backoff)
             except AgentRejected:
                 raise

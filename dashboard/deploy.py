@@ -21,9 +21,11 @@ from dashboard.fleet import latest_samples
 from dashboard.jobs import Job, LaunchMembers, StopProcesses
 from dashboard.models import Deployment, DeploymentEvent, DeploymentMember, Node, PlanRequest
 from dashboard.models.deployments import member_failure_text
+from dashboard.node_engines import default_backend_version
 from dashboard.node_models import holder_names, reported_spec
 from placement import PlacementError, Request, check_command, load_cluster, plan
 from placement.cluster import Cluster, NodeRejection
+from placement.command_parse import parse_command
 from placement.plan_model import Plan, PlanSettings
 from placement.spec import load_model_within, spec_from_hf_config
 
@@ -143,7 +145,11 @@ def finish_planning(row: PlanRequest, status: str, error: str, result: dict[str,
 
 
 def compute_plans(row: PlanRequest) -> dict[str, Any]:
-    cluster = live_cluster(model_nodes(row))
+    nodes = model_nodes(row)
+    cluster = live_cluster(nodes)
+    version, version_source = row.backend_version or None, ""
+    if version is None:
+        version, version_source = default_backend_version(row.node, nodes)
     gpus = tuple(int(g) for g in row.gpus.split(",") if g.strip()) or None
     request = Request(
         max_model_len=row.max_model_len,
@@ -153,31 +159,35 @@ def compute_plans(row: PlanRequest) -> dict[str, Any]:
         node=row.node.name if row.node else None,
         backend=row.backend or None,
         decode_factors=calibration.fleet_factors(),
-        backend_version=row.backend_version or None,
+        backend_version=version,
+        backend_version_source=version_source,
     )
     return plan(request_model(row), cluster, request).to_json(limit=PLAN_LIMIT, rejected_limit=REJECTED_LIMIT)
 
 
 def model_nodes(row: PlanRequest) -> list[Node] | None:
-    """The nodes a plan may use: every node for a catalog name or HF id (the backend fetches it), only the nodes
-    whose agents reported the files for a path an agent reported (the launch names that path, and no other
-    node has it). Raises PlacementError when the request pins a node without the files, or none of them has
-    reported its GPUs."""
-    holders = holder_names(row.model_ref)
+    """The nodes a plan request may use (`holding_nodes` of its model and pinned node)."""
+    return holding_nodes(row.model_ref, row.node.name if row.node else None)
+
+
+def holding_nodes(ref: str, node: str | None) -> list[Node] | None:
+    """The nodes a plan or a check of model `ref` may use: every node (None) for a catalog name or HF id (the
+    backend fetches it), only the nodes whose agents reported the files for a path an agent reported (the
+    launch names that path, and no other node has it). Raises PlacementError when `node` is named and has no
+    copy, or none of the holders has reported its GPUs."""
+    holders = holder_names(ref)
     if not holders:
         return None
     where = ", ".join(holders)
-    if row.node is not None and row.node.name not in holders:
+    if node is not None and node not in holders:
         raise PlacementError(
-            f"{row.model_ref} is only on {where} (as their agents reported); node {row.node.name} has no copy: "
+            f"{ref} is only on {where} (as their agents reported); node {node} has no copy: "
             f"plan it on {where}, or pick a catalog name that any node can download"
         )
     nodes = Node.objects.filter(name__in=holders, topology__isnull=False).prefetch_related("gpus")
     found = [n for n in nodes if n.gpus.all()]
     if not found:
-        raise PlacementError(
-            f"{row.model_ref} is only on {where}, and none of them has reported its GPUs yet"
-        )
+        raise PlacementError(f"{ref} is only on {where}, and none of them has reported its GPUs yet")
     return found
 
 
@@ -329,16 +339,25 @@ def check_launch(
     command: list[str] | str, node: str | None, visible: str | None, concurrency: int | None
 ) -> dict[str, Any]:
     """`python -m placement check` against the live fleet: an operator's own launch command judged as the CLI
-    judges it (feasible, problems, risks, a suggestion). Model paths are read only under MODEL_DIRS.
+    judges it (feasible, problems, risks, a suggestion). Model paths are read only under MODEL_DIRS, except a
+    path an agent reported: its config comes from that agent, and only the nodes holding it are judged and
+    suggested (as for a plan). vLLM's release is the one the node's agent reported.
     Raises PlacementError for a command or selection that cannot be judged."""
+    ref = parse_command(command).model_ref
+    nodes = holding_nodes(ref, node)
+    pinned = Node.objects.filter(name=node).first() if node else None
+    if pinned is None and nodes is not None and len(nodes) == 1:
+        pinned = nodes[0]
     result = check_command(
         command,
-        live_cluster(),
+        live_cluster(nodes),
         visible=visible,
         env={},
         node=node,
         concurrency=concurrency,
         model_dirs=settings.MODEL_DIRS,
+        spec=reported_spec(ref),
+        backend_version=default_backend_version(pinned, nodes),
     )
     return result.to_json()
 

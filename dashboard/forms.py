@@ -53,7 +53,7 @@ class DeployForm(forms.Form):
         required=False,
         label="vLLM version",
         help_text="e.g. 0.7.3: plans with the non-torch memory that release's profiler counts; empty = the "
-        "pessimistic default",
+        "release the nodes' agents reported, else the pessimistic default",
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -118,6 +118,7 @@ HELLO_FIELDS = [
     "agent_version",
     "driver_version",
     "cuda_version",
+    "engines",
     "interval_s",
     "topology",
     "connected",
@@ -133,6 +134,7 @@ def _update_node_fields(node: Node, hello: Hello, new_boot: bool) -> None:
     node.agent_version = hello.agent_version
     node.driver_version = hello.driver_version
     node.cuda_version = hello.cuda_version
+    node.engines = [e.model_dump() for e in hello.engines]
     node.interval_s = hello.interval_s
     node.topology = hello.topology.model_dump() if hello.topology else None
     node.connected = True

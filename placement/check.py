@@ -71,6 +71,7 @@ class CheckResult:
             data[key] = details.get(key)
         data["why"] = why_text(c, self.model) if c.memory and c.perf else None
         data["notes"] = self.notes
+        data["assumes"] = c.perf.assumes if c.perf else []
         best = self.suggestion
         data["suggestion"] = plan_json(best, self.model, self.cluster) if best else None
         same = self._same_backend()
@@ -94,10 +95,18 @@ def _node(cluster: Cluster, name: str | None) -> Node:
     return cluster.nodes[0]
 
 
-def _model(cmd: ParsedCommand, model_dirs: list[Path] | None = None) -> tuple[ModelSpec, str | None]:
-    """The model and the dtype the command implies (None: the model's own). With `model_dirs`, a model path
-    is read only under those directories (a command sent to the server by someone who may not read its files)."""
-    model = load_model(cmd.model_ref) if model_dirs is None else load_model_within(cmd.model_ref, model_dirs)
+def _model(
+    cmd: ParsedCommand, model_dirs: list[Path] | None = None, spec: ModelSpec | None = None
+) -> tuple[ModelSpec, str | None]:
+    """The model (`spec` when the caller has it, e.g. from the config an agent reported) and the dtype the
+    command implies (None: the model's own). With `model_dirs`, a model path is read only under those
+    directories (a command sent to the server by someone who may not read its files)."""
+    if spec is not None:
+        model = spec
+    elif model_dirs is None:
+        model = load_model(cmd.model_ref)
+    else:
+        model = load_model_within(cmd.model_ref, model_dirs)
     if cmd.backend in (VLLM, SGLANG):
         quant = cmd.get("--quantization")
         dtype = quant if quant in ("fp8", "awq", "gptq") else HF_DTYPES.get(str(cmd.get("--dtype", "auto")))
@@ -279,11 +288,18 @@ def check_command(
     node: str | None = None,
     concurrency: int | None = None,
     model_dirs: list[Path] | None = None,
+    spec: ModelSpec | None = None,
+    backend_version: tuple[str | None, str] = (None, ""),
 ) -> CheckResult:
+    """Judge one launch command on `cluster`. `backend_version`: the vLLM release that serves and where that
+    came from (placement.request.Request.backend_version and its source)."""
     cmd = parse_command(argv)
     target = _node(cluster, node)
-    model, dtype = _model(cmd, model_dirs)
-    request = _request(cmd, model, dtype, concurrency)
+    model, dtype = _model(cmd, model_dirs, spec)
+    version, source = backend_version
+    request = replace(
+        _request(cmd, model, dtype, concurrency), backend_version=version, backend_version_source=source
+    )
     ev = Evaluator(model, cluster, request)
     if not ev.backends:
         raise PlacementError(f"{cmd.backend} cannot load {model.name} as {dtype or model.native_format}")

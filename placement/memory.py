@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from placement.cluster import GPU
 from placement.layout import Layout
-from placement.request import SGLANG, Settings, parse_version
+from placement.request import SGLANG, Request, Settings, parse_version
 from placement.spec import ModelSpec
 from placement.weights import WeightBytes
 
@@ -60,6 +60,23 @@ def non_torch_band(version: str | None) -> NonTorchBand | None:
         return None
     release = parse_version(version)
     return next((b for b in VLLM_NON_TORCH if b.since <= release < b.until), None)
+
+
+def vllm_release_note(request: Request) -> str:
+    """The plan's assumption about the vLLM release: which one, where it came from, the non-torch memory it sets."""
+    version, source = request.backend_version, request.backend_version_source
+    default = f"{NON_TORCH_GIB:g} GiB per rank, {NON_TORCH_GIB + TP_NON_TORCH_GIB:g} at TP>1"
+    if not version:
+        why = source or "none given with the request"
+        return f"vLLM release unknown ({why}): non-torch memory at the pessimistic {default}"
+    where = source or "given with the request"
+    band = non_torch_band(version)
+    if band is None:
+        return f"vLLM {version} ({where}): no public profiling figures for it, non-torch memory at {default}"
+    return (
+        f"vLLM {version} ({where}): non-torch memory {band.tp1_gib:g} GiB per rank, {band.tp_many_gib:g} at "
+        f"TP>1 ({band.source})"
+    )
 
 
 NCCL_GIB = 0.10  # pipeline ranks only (no TP): NCCL send/recv buffers, no all-reduce buffers

@@ -22,7 +22,7 @@ from placement.calibration import FleetKey, factor_for, fleet_key
 from placement.cluster import GPU
 from placement.layout import Layout
 from placement.links import Link
-from placement.memory import kv_bytes_per_token, kv_heads_per_rank, sharded_layer_bytes
+from placement.memory import kv_bytes_per_token, kv_heads_per_rank, sharded_layer_bytes, vllm_release_note
 from placement.request import LLAMA_CPP, OLLAMA, SGLANG, VLLM, Settings
 from placement.spec import ModelSpec
 from placement.weights import WeightBytes
@@ -283,4 +283,6 @@ def _assumptions(
         )
     if settings.request.enforce_eager:
         notes.append("--enforce-eager: no CUDA graphs, per-layer launch overhead added")
+    if settings.backend == VLLM:
+        notes.append(vllm_release_note(settings.request))
     return notes

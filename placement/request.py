@@ -49,6 +49,9 @@ class Request:
     # The vLLM release that will serve (e.g. "0.7.3"): selects the non-torch memory its profiler counts
     # (placement.memory.VLLM_NON_TORCH); None keeps the pessimistic default.
     backend_version: str | None = None
+    # Where backend_version came from, for the plan's assumptions ("" : given with the request), e.g. the
+    # node whose agent reported it; with no version, why none was taken.
+    backend_version_source: str = ""
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,7 @@ def node_detail(request: HttpRequest, name: str) -> dict[str, Any]:
         "network_gbps": node.network_gbps,
         "rdma": node.rdma,
         "address": node.address,
+        "engines": node.engines,
         "topology": {
             "links": [
                 {**_fields(x, "a", "b", "link", "p2p_read", "p2p_write"), "link_class": x.link_class}

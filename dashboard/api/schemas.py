@@ -85,10 +85,20 @@ class TopologyOut(Schema):
     nics: list[dict[str, Any]]
 
 
+class EngineOut(Schema):
+    backend: str = Field(description="vllm, sglang, llama.cpp or ollama")
+    version: str | None = Field(description="as the engine reports it; null: installed, version unknown")
+    detail: str = Field(description="why the version is unknown")
+
+
 class NodeDetailOut(NodeOut):
     network_gbps: float
     rdma: bool
     address: str
+    engines: list[EngineOut] = Field(
+        description="the inference engines the node's agent found on its PATH (the planner's default vLLM "
+        "release for this node)"
+    )
     topology: TopologyOut
 
 
@@ -114,7 +124,9 @@ class PlanIn(Schema):
     gpus: str = Field("", description="GPU indices, e.g. 0,1; empty: any")
     tp: int | None = Field(None, description="tensor-parallel size; 1: none; null: any")
     backend_version: str = Field(
-        "", description="the vLLM release that will serve, e.g. 0.7.3; empty: unknown"
+        "",
+        description="the vLLM release that will serve, e.g. 0.7.3; empty: the one the nodes' agents reported "
+        "(the pinned node's, or the one all candidate nodes agree on), else unknown",
     )
 
 
@@ -181,6 +193,10 @@ class CheckOut(Schema):
     prefill_tok_s: float | None
     why: str | None
     notes: list[str]
+    assumes: list[str] = Field(
+        [],
+        description="what the estimate assumes: context, efficiencies, the vLLM release and where it came from",
+    )
     suggestion: dict[str, Any] | None = Field(description="the planner's best plan on that node")
     suggestion_same_backend: dict[str, Any] | None = Field(
         None, description="the best plan with the command's backend, when that is not the suggestion"

@@ -33,6 +33,9 @@ class Node(models.Model):
     driver_version = models.CharField(max_length=protocol.MAX_VERSION_CHARS, blank=True)
     cuda_version = models.CharField(max_length=protocol.MAX_VERSION_CHARS, blank=True)
     interval_s = models.FloatField(default=1.0)
+    # The inference engines its agent can launch, as the hello lists them: [{"backend", "version", "detail"}]
+    # (version None: installed, version unknown). The planner's default vLLM release for this node.
+    engines = models.JSONField(default=list, blank=True)
     topology = models.JSONField(null=True, blank=True)
     network_gbps = models.FloatField(default=10.0, help_text="this node's link to the other nodes, Gbit/s")
     rdma = models.BooleanField(default=False, help_text="InfiniBand/RoCE between nodes")
