@@ -12,6 +12,7 @@ A deployment's metric intervals (DeploymentMetric, one per scrape) are kept METR
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -22,8 +23,14 @@ from django.db.models import Max
 from dashboard.models import DeploymentMetric, Gpu, GpuHour, GpuMinute, GpuSample, RollupRun
 from dashboard.models.fleet import ROLLUP_METRICS, GpuRollup
 
-ROLL_CHUNK_IDS = 500_000  # raw ids folded per transaction: a backlog after downtime goes in bounded steps
+# Raw ids folded per transaction (~2.5 s of samples at 1,000 x 8). On SQLite every write transaction holds
+# the one write lock, and the ingest flushes wait for it: a pass of 390,000 ids in one transaction took up to
+# 21.5 s under that load (bench/README.md, "Full stack"). Each chunk commits on its own.
+ROLL_CHUNK_IDS = 20_000
 DELETE_BATCH = 20_000  # raw rows deleted per transaction
+# SQLite: the pause after each such transaction. A writer waiting for the lock (busy timeout) polls it at most
+# 100 ms apart, so a shorter gap could be missed and the pass would keep the lock to itself.
+SQLITE_GAP_S = 0.12
 GPU_BATCH = 500  # GPUs whose expired rollups are deleted per statement
 METRIC_BATCH = 20_000  # deployment metric rows deleted per transaction
 TIERS = (GpuMinute, GpuHour)  # finest first: each is folded from the first one's buckets
@@ -63,14 +70,33 @@ def roll_up(now: datetime) -> int:
     seen = GpuSample.objects.aggregate(top=Max("pk"))["top"] or 0
     last = RollupRun.objects.first()
     start, end = (last.rolled_id, last.seen_id) if last else (0, 0)
-    for low in range(start, end, ROLL_CHUNK_IDS):
+    low = start
+    while True:
+        low = _skip_missing_ids(low, end)
         high = min(low + ROLL_CHUNK_IDS, end)
         with transaction.atomic():
-            fold(low, high)
+            if high > low:
+                fold(low, high)
             RollupRun.objects.create(t=now, seen_id=seen, rolled_id=high)
-    if start == end:
-        RollupRun.objects.create(t=now, seen_id=seen, rolled_id=end)
-    return end - start
+        if high == end:
+            return end - start
+        low = high
+        let_writers_in()
+
+
+def _skip_missing_ids(low: int, end: int) -> int:
+    """Where the next chunk starts: just below the first raw id after `low`, so that a range of ids with no
+    rows (the first run, ids that a sequence skipped) costs no chunks; `end` if none is left."""
+    ids = GpuSample.objects.filter(pk__gt=low, pk__lte=end).order_by("pk").values_list("pk", flat=True)
+    first = ids.first()
+    return end if first is None else first - 1
+
+
+def let_writers_in() -> None:
+    """Between two of a pass's write transactions on SQLite: leave the write lock free long enough for the
+    ingest flushes that wait for it (PostgreSQL locks rows, and inserting samples does not wait for a pass)."""
+    if connection.vendor == "sqlite":
+        time.sleep(SQLITE_GAP_S)
 
 
 FOLD_TABLE = "rollup_fold"
@@ -153,6 +179,8 @@ def prune_raw(cutoff: datetime) -> int:
         return 0
     upto, deleted = min(expired.seen_id, latest.rolled_id), 0
     for low in range(first - 1, upto, DELETE_BATCH):
+        if low > first - 1:
+            let_writers_in()
         with transaction.atomic():
             deleted += GpuSample.objects.filter(pk__gt=low, pk__lte=min(low + DELETE_BATCH, upto)).delete()[0]
     RollupRun.objects.filter(t__lt=expired.t).delete()  # the newest expired run is all the next pass needs
