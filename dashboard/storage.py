@@ -13,6 +13,8 @@ A deployment's metric intervals (DeploymentMetric, one per scrape) are kept METR
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -23,10 +25,11 @@ from django.db.models import Max
 from dashboard.models import DeploymentMetric, Gpu, GpuHour, GpuMinute, GpuSample, RollupRun
 from dashboard.models.fleet import ROLLUP_METRICS, GpuRollup
 
-# Raw ids folded per transaction (~2.5 s of samples at 1,000 x 8). On SQLite every write transaction holds
-# the one write lock, and the ingest flushes wait for it: a pass of 390,000 ids in one transaction took up to
-# 21.5 s under that load (bench/README.md, "Full stack"). Each chunk commits on its own.
-ROLL_CHUNK_IDS = 20_000
+# Raw ids folded per transaction (~6 s of samples at 1,000 x 8). On SQLite every write transaction holds the
+# one write lock, and the ingest flushes wait for it: a pass of 390,000 ids in one transaction took up to
+# 21.5 s under that load (bench/README.md, "Full stack"). Each chunk commits on its own. Not much smaller:
+# each chunk merges into a bucket per GPU and tier, so 20,000 made a 1,000 x 8 pass cost 3x (bench/README.md).
+ROLL_CHUNK_IDS = 50_000
 DELETE_BATCH = 20_000  # raw rows deleted per transaction
 # SQLite: the pause after each such transaction. A writer waiting for the lock (busy timeout) polls it at most
 # 100 ms apart, so a shorter gap could be missed and the pass would keep the lock to itself.
@@ -46,6 +49,17 @@ class StorageRun:
     deleted_minutes: int = 0
     deleted_hours: int = 0
     deleted_metrics: int = 0
+    longest_write_ms: int = 0  # the longest write transaction of the rollup and raw retention (SQLite's lock)
+
+
+@contextmanager
+def write_transaction(run: StorageRun | None) -> Iterator[None]:
+    """A transaction of the pass; the run notes how long it held it (from its start to its commit)."""
+    with transaction.atomic():
+        began = time.monotonic()
+        yield
+    if run is not None:
+        run.longest_write_ms = max(run.longest_write_ms, round((time.monotonic() - began) * 1000))
 
 
 def maintain(now: datetime) -> StorageRun:
@@ -53,15 +67,16 @@ def maintain(now: datetime) -> StorageRun:
     if connection.vendor == "sqlite":
         with connection.cursor() as cursor:
             cursor.execute(f"PRAGMA cache_size = -{SQLITE_CACHE_KIB}")
-    run = StorageRun(rolled=roll_up(now))
-    run.deleted_raw = prune_raw(now - timedelta(hours=settings.SAMPLE_RETENTION_HOURS))
+    run = StorageRun()
+    run.rolled = roll_up(now, run)
+    run.deleted_raw = prune_raw(now - timedelta(hours=settings.SAMPLE_RETENTION_HOURS), run)
     run.deleted_minutes = prune_tier(GpuMinute, now - timedelta(days=settings.MINUTE_RETENTION_DAYS))
     run.deleted_hours = prune_tier(GpuHour, now - timedelta(days=settings.HOUR_RETENTION_DAYS))
     run.deleted_metrics = prune_metrics(now - timedelta(days=settings.METRIC_RETENTION_DAYS))
     return run
 
 
-def roll_up(now: datetime) -> int:
+def roll_up(now: datetime, run: StorageRun | None = None) -> int:
     """Fold raw rows with ids up to the previous run's `seen_id` into both tiers; return how many ids.
 
     Not up to the newest id: on PostgreSQL an ingest transaction takes its ids before it commits, so a
@@ -74,7 +89,7 @@ def roll_up(now: datetime) -> int:
     while True:
         low = _skip_missing_ids(low, end)
         high = min(low + ROLL_CHUNK_IDS, end)
-        with transaction.atomic():
+        with write_transaction(run):
             if high > low:
                 fold(low, high)
             RollupRun.objects.create(t=now, seen_id=seen, rolled_id=high)
@@ -168,7 +183,7 @@ def bucket_sql(seconds: int, column: str = "t") -> str:
     return f"(CAST(strftime('%%s', {column}) AS INTEGER) / {seconds} * {seconds})"
 
 
-def prune_raw(cutoff: datetime) -> int:
+def prune_raw(cutoff: datetime, run: StorageRun | None = None) -> int:
     """Delete raw rows stored before `cutoff` that are rolled up, DELETE_BATCH ids per transaction.
 
     By id, not by time: ids grow with arrival, so this walks the primary key (raw rows have no time index
@@ -181,7 +196,7 @@ def prune_raw(cutoff: datetime) -> int:
     for low in range(first - 1, upto, DELETE_BATCH):
         if low > first - 1:
             let_writers_in()
-        with transaction.atomic():
+        with write_transaction(run):
             deleted += GpuSample.objects.filter(pk__gt=low, pk__lte=min(low + DELETE_BATCH, upto)).delete()[0]
     RollupRun.objects.filter(t__lt=expired.t).delete()  # the newest expired run is all the next pass needs
     return deleted
