@@ -13,7 +13,7 @@ A deployment's metric intervals (DeploymentMetric, one per scrape) are kept METR
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -25,11 +25,12 @@ from django.db.models import Max
 from dashboard.models import DeploymentMetric, Gpu, GpuHour, GpuMinute, GpuSample, RollupRun
 from dashboard.models.fleet import ROLLUP_METRICS, GpuRollup
 
-# Raw ids folded per transaction (~6 s of samples at 1,000 x 8). On SQLite every write transaction holds the
-# one write lock, and the ingest flushes wait for it: a pass of 390,000 ids in one transaction took up to
-# 21.5 s under that load (bench/README.md, "Full stack"). Each chunk commits on its own. Not much smaller:
-# each chunk merges into a bucket per GPU and tier, so 20,000 made a 1,000 x 8 pass cost 3x (bench/README.md).
-ROLL_CHUNK_IDS = 50_000
+# Raw ids folded per chunk (~25 s of samples at 1,000 x 8: a pass every 30 s is one or two chunks). On SQLite
+# every write transaction holds the one write lock, and the ingest flushes wait for it: a pass of 390,000 ids
+# in one transaction took up to 21.5 s under load (bench/README.md, "Full stack"). A chunk reads and groups its
+# raw rows before its write transaction, which only merges the buckets (a few per GPU, however many ids: so
+# small chunks do not make it much shorter, and 20,000 made a pass at 1,000 x 8 cost 3-5x, bench/README.md).
+ROLL_CHUNK_IDS = 200_000
 DELETE_BATCH = 20_000  # raw rows deleted per transaction
 # SQLite: the pause after each such transaction. A writer waiting for the lock (busy timeout) polls it at most
 # 100 ms apart, so a shorter gap could be missed and the pass would keep the lock to itself.
@@ -89,10 +90,7 @@ def roll_up(now: datetime, run: StorageRun | None = None) -> int:
     while True:
         low = _skip_missing_ids(low, end)
         high = min(low + ROLL_CHUNK_IDS, end)
-        with write_transaction(run):
-            if high > low:
-                fold(low, high)
-            RollupRun.objects.create(t=now, seen_id=seen, rolled_id=high)
+        fold(low, high, RollupRun(t=now, seen_id=seen, rolled_id=high).save, run)
         if high == end:
             return end - start
         low = high
@@ -117,14 +115,20 @@ def let_writers_in() -> None:
 FOLD_TABLE = "rollup_fold"
 
 
-def fold(low: int, high: int) -> None:
-    """Fold the raw rows with ids in (low, high] into every tier, reading them once: their buckets of the
-    first tier go into a temporary table, which gives that tier and, grouped coarser, the others."""
-    with connection.cursor() as cursor:  # in the caller's transaction: a rollback drops the table too
+def fold(low: int, high: int, commit: Callable[[], object], run: StorageRun | None = None) -> None:
+    """Fold the raw rows with ids in (low, high] into every tier and `commit` (the run's record) in one write
+    transaction. The rows are read once, before it: their buckets of the first tier go into a temporary
+    table (on SQLite a write to the connection's own temporary database, which takes no lock on the main
+    one), which gives that tier and, grouped coarser, the others."""
+    with connection.cursor() as cursor:
         cursor.execute(_buckets_sql(), [low, high])
-        for tier in TIERS:
-            cursor.execute(_fold_sql(tier))
-        cursor.execute(f"DROP TABLE {connection.ops.quote_name(FOLD_TABLE)}")
+        try:
+            with write_transaction(run):
+                for tier in TIERS:
+                    cursor.execute(_fold_sql(tier))
+                commit()
+        finally:
+            cursor.execute(f"DROP TABLE {connection.ops.quote_name(FOLD_TABLE)}")
 
 
 def _buckets_sql() -> str:
