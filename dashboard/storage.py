@@ -25,12 +25,13 @@ from django.db.models import Max
 from dashboard.models import DeploymentMetric, Gpu, GpuHour, GpuMinute, GpuSample, RollupRun
 from dashboard.models.fleet import ROLLUP_METRICS, GpuRollup
 
-# Raw ids folded per chunk (~25 s of samples at 1,000 x 8: a pass every 30 s is one or two chunks). On SQLite
-# every write transaction holds the one write lock, and the ingest flushes wait for it: a pass of 390,000 ids
-# in one transaction took up to 21.5 s under load (bench/README.md, "Full stack"). A chunk reads and groups its
-# raw rows before its write transaction, which only merges the buckets (a few per GPU, however many ids: so
-# small chunks do not make it much shorter, and 20,000 made a pass at 1,000 x 8 cost 3-5x, bench/README.md).
-ROLL_CHUNK_IDS = 200_000
+# Raw ids folded per chunk (~1 min of samples at 1,000 x 8: a pass every 30 s is one chunk). On SQLite every
+# write transaction holds the one write lock, and the ingest flushes wait for it: a pass of 390,000 ids in one
+# transaction took up to 21.5 s under load (bench/README.md, "Full stack"). So a chunk reads and groups its raw
+# rows before its write transaction, which only merges the buckets: a few per GPU, however many ids. Smaller
+# chunks would not make it much shorter, and each would merge into every GPU's buckets again (chunks of 20,000
+# and 50,000 ids made a pass at 1,000 x 8 cost 3-5x; 200,000, a pass in two chunks, 2-3x: bench/README.md).
+ROLL_CHUNK_IDS = 500_000
 DELETE_BATCH = 20_000  # raw rows deleted per transaction
 # SQLite: the pause after each such transaction. A writer waiting for the lock (busy timeout) polls it at most
 # 100 ms apart, so a shorter gap could be missed and the pass would keep the lock to itself.
