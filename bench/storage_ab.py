@@ -20,8 +20,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import storage as bench
 
 
-def old_fold(low: int, high: int) -> None:
-    """The fold before session 5: each tier from the raw rows (read once per tier)."""
+def old_fold(low: int, high: int, commit, run=None) -> None:
+    """The fold before session 5: each tier from the raw rows (read once per tier), in one write transaction."""
+    from django.db import transaction
+
+    with transaction.atomic():
+        _old_fold(low, high)
+        commit()
+
+
+def _old_fold(low: int, high: int) -> None:
     from django.db import connection
 
     from dashboard import storage

@@ -1,10 +1,10 @@
 """Websocket consumers: the agent endpoint and the browsers' live feed. Thin: rules live in ingest.py.
 
 Where an agent's frame goes: `AgentConsumer` validates it (agents.protocol) and hands it to this process's
-`ingest_buffer()`, which writes it to the database (ingest.store_batch), then queues the tasks its report
-calls for (tasks.enqueue: a multi-node head up or failed), then passes the stored samples and deployment
-summaries to the browsers' fan-out (live.FleetFanout, one "fleet" tick per FANOUT_SECONDS), then acks the
-agent.
+`ingest_buffer()`, which writes it to the database (ingest.store_batch, on the agents' database thread:
+agent_db), then queues the tasks its report calls for (tasks.enqueue: a multi-node head up or failed), then
+passes the stored samples and deployment summaries to the browsers' fan-out (live.FleetFanout, one "fleet"
+tick per FANOUT_SECONDS), then acks the agent.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import logging
 import time
 import weakref
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -25,6 +26,7 @@ from redis.exceptions import RedisError
 
 from agents import protocol
 from dashboard import admission, asking, browser_json, ingest, subscriptions, tasks
+from dashboard.agent_db import agent_database
 from dashboard.choices import NodeStatus
 from dashboard.live import FLEET_GROUP, FleetFanout, agent_group, announce_node
 from dashboard.models import AgentToken, Node
@@ -89,7 +91,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         LIVE.socket_opened("agent")
         hello_gate().admit()
         self.queued = True
-        token = await database_sync_to_async(AgentToken.authenticate_token)(bearer_token(self.scope))
+        token = await agent_database(AgentToken.authenticate_token)(bearer_token(self.scope))
         if token is None:
             await self.send(protocol.error("unauthorized", "unknown or revoked agent token"))
             await self.close(protocol.CLOSE_UNAUTHORIZED)
@@ -122,7 +124,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 LIVE.agent_gone(self.node.pk)
             await self.channel_layer.group_discard(agent_group(self.node.pk), self.channel_name)
         if self.node is not None and self.gpu_ids is not None and not self.replaced:
-            await database_sync_to_async(ingest.mark_disconnected)(self.node.pk)
+            await agent_database(ingest.mark_disconnected)(self.node.pk)
             try:
                 await announce_node(self.node.pk, self.node.name, NodeStatus.STALE)
             except RedisError as exc:  # many agents leaving at once; the beat task announces them anyway
@@ -140,15 +142,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
         raise StopConsumer()
 
     async def dispatch(self, message: dict) -> None:
-        # Channels hops to the database thread before every handler to close stale connections. Agent
-        # frames reach the database only through the ingest buffer (which does that once per flush) or
-        # database_sync_to_async (which does it itself), so the hop per frame only queues behind writes.
-        if message["type"] == "websocket.receive":
-            await self.websocket_receive(message)
-        elif message["type"] == "websocket.disconnect" and message.get("code") == SERVER_STOPPING:
+        # Channels hops to asgiref's sync thread before every handler to close stale connections there. This
+        # consumer reaches the database only on the agents' own thread (agent_db, which does that around each
+        # call), so the hop would only queue agent frames and commands behind the browsers' database work.
+        if message["type"] == "websocket.disconnect" and message.get("code") == SERVER_STOPPING:
             self.server_stopping()
-        else:
-            await super().dispatch(message)
+            return
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self.node is None or self.closing:
@@ -200,7 +203,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if buffer.holds(self.node.pk):  # what an earlier connection of this agent still has in flight
             await buffer.flush()  # (only then: after a restart, 1,000 hellos were 1,000 early flushes)
         try:
-            return await database_sync_to_async(ingest.welcome_node)(self.node.pk, message)
+            return await agent_database(ingest.welcome_node)(self.node.pk, message)
         except (DatabaseError, *ingest.REFUSALS) as exc:
             raise protocol.ProtocolError(
                 "hello_refused", f"the server could not store this hello: {exc}"
@@ -209,7 +212,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def answer(self, message: protocol.Answer) -> None:
         """Part of an answer to a browser's ask: stored if it ends a measurement, passed to that browser."""
         if message.done:
-            await database_sync_to_async(asking.record_answer)(self.node.pk, message)
+            await agent_database(asking.record_answer)(self.node.pk, message)
         await self.channel_layer.group_send(asking.ask_group(message.request), asking.browser_event(message))
 
     async def agent_command(self, event: dict) -> None:

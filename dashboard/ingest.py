@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import (
     DatabaseError,
@@ -42,6 +41,7 @@ from agents.protocol import (
     Samples,
 )
 from dashboard import deploy
+from dashboard.agent_db import agent_database
 from dashboard.jobs import Job
 from dashboard.models import Deployment, Gpu, GpuSample, Link, LogChunk, Node
 from dashboard.node_models import sync_node_models
@@ -348,7 +348,7 @@ class IngestBuffer:
             if not batch:
                 return
             try:
-                await sync_to_async(self._store)(batch)
+                await agent_database(self._store)(batch)
             except Exception:  # a bug, not the data: store nothing, ack nothing, the agents send it all again
                 log.exception("storing %d items failed; their agents will send them again", len(batch))
                 for item in batch:

@@ -13,6 +13,9 @@ hourly averages (dashboard/metric_hours.py) HOUR_RETENTION_DAYS.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -24,8 +27,17 @@ from dashboard import metric_hours
 from dashboard.models import DeploymentMetric, Gpu, GpuHour, GpuMinute, GpuSample, RollupRun
 from dashboard.models.fleet import ROLLUP_METRICS, GpuRollup
 
-ROLL_CHUNK_IDS = 500_000  # raw ids folded per transaction: a backlog after downtime goes in bounded steps
+# Raw ids folded per chunk (~1 min of samples at 1,000 x 8: a pass every 30 s is one chunk). On SQLite every
+# write transaction holds the one write lock, and the ingest flushes wait for it: a pass of 390,000 ids in one
+# transaction took up to 21.5 s under load (bench/README.md, "Full stack"). So a chunk reads and groups its raw
+# rows before its write transaction, which only merges the buckets: a few per GPU, however many ids. Smaller
+# chunks would not make it much shorter, and each would merge into every GPU's buckets again (chunks of 20,000
+# and 50,000 ids made a pass at 1,000 x 8 cost 3-5x; 200,000, a pass in two chunks, 2-3x: bench/README.md).
+ROLL_CHUNK_IDS = 500_000
 DELETE_BATCH = 20_000  # raw rows deleted per transaction
+# SQLite: the pause after each such transaction. A writer waiting for the lock (busy timeout) polls it at most
+# 100 ms apart, so a shorter gap could be missed and the pass would keep the lock to itself.
+SQLITE_GAP_S = 0.12
 GPU_BATCH = 500  # GPUs whose expired rollups are deleted per statement
 METRIC_BATCH = 20_000  # deployment metric rows deleted per transaction
 TIERS = (GpuMinute, GpuHour)  # finest first: each is folded from the first one's buckets
@@ -43,6 +55,17 @@ class StorageRun:
     deleted_metrics: int = 0
     metric_hours: int = 0  # a deployment's hours rebuilt (dashboard/metric_hours.py)
     deleted_metric_hours: int = 0
+    longest_write_ms: int = 0  # the longest write transaction of the rollup and raw retention (SQLite's lock)
+
+
+@contextmanager
+def write_transaction(run: StorageRun | None) -> Iterator[None]:
+    """A transaction of the pass; the run notes how long it held it (from its start to its commit)."""
+    with transaction.atomic():
+        began = time.monotonic()
+        yield
+    if run is not None:
+        run.longest_write_ms = max(run.longest_write_ms, round((time.monotonic() - began) * 1000))
 
 
 def maintain(now: datetime) -> StorageRun:
@@ -50,8 +73,9 @@ def maintain(now: datetime) -> StorageRun:
     if connection.vendor == "sqlite":
         with connection.cursor() as cursor:
             cursor.execute(f"PRAGMA cache_size = -{SQLITE_CACHE_KIB}")
-    run = StorageRun(rolled=roll_up(now))
-    run.deleted_raw = prune_raw(now - timedelta(hours=settings.SAMPLE_RETENTION_HOURS))
+    run = StorageRun()
+    run.rolled = roll_up(now, run)
+    run.deleted_raw = prune_raw(now - timedelta(hours=settings.SAMPLE_RETENTION_HOURS), run)
     run.deleted_minutes = prune_tier(GpuMinute, now - timedelta(days=settings.MINUTE_RETENTION_DAYS))
     run.deleted_hours = prune_tier(GpuHour, now - timedelta(days=settings.HOUR_RETENTION_DAYS))
     run.metric_hours = metric_hours.roll_up(now)  # before the rows they are built from go
@@ -60,7 +84,7 @@ def maintain(now: datetime) -> StorageRun:
     return run
 
 
-def roll_up(now: datetime) -> int:
+def roll_up(now: datetime, run: StorageRun | None = None) -> int:
     """Fold raw rows with ids up to the previous run's `seen_id` into both tiers; return how many ids.
 
     Not up to the newest id: on PostgreSQL an ingest transaction takes its ids before it commits, so a
@@ -69,27 +93,49 @@ def roll_up(now: datetime) -> int:
     seen = GpuSample.objects.aggregate(top=Max("pk"))["top"] or 0
     last = RollupRun.objects.first()
     start, end = (last.rolled_id, last.seen_id) if last else (0, 0)
-    for low in range(start, end, ROLL_CHUNK_IDS):
+    low = start
+    while True:
+        low = _skip_missing_ids(low, end)
         high = min(low + ROLL_CHUNK_IDS, end)
-        with transaction.atomic():
-            fold(low, high)
-            RollupRun.objects.create(t=now, seen_id=seen, rolled_id=high)
-    if start == end:
-        RollupRun.objects.create(t=now, seen_id=seen, rolled_id=end)
-    return end - start
+        fold(low, high, RollupRun(t=now, seen_id=seen, rolled_id=high).save, run)
+        if high == end:
+            return end - start
+        low = high
+        let_writers_in()
+
+
+def _skip_missing_ids(low: int, end: int) -> int:
+    """Where the next chunk starts: just below the first raw id after `low`, so that a range of ids with no
+    rows (the first run, ids that a sequence skipped) costs no chunks; `end` if none is left."""
+    ids = GpuSample.objects.filter(pk__gt=low, pk__lte=end).order_by("pk").values_list("pk", flat=True)
+    first = ids.first()
+    return end if first is None else first - 1
+
+
+def let_writers_in() -> None:
+    """Between two of a pass's write transactions on SQLite: leave the write lock free long enough for the
+    ingest flushes that wait for it (PostgreSQL locks rows, and inserting samples does not wait for a pass)."""
+    if connection.vendor == "sqlite":
+        time.sleep(SQLITE_GAP_S)
 
 
 FOLD_TABLE = "rollup_fold"
 
 
-def fold(low: int, high: int) -> None:
-    """Fold the raw rows with ids in (low, high] into every tier, reading them once: their buckets of the
-    first tier go into a temporary table, which gives that tier and, grouped coarser, the others."""
-    with connection.cursor() as cursor:  # in the caller's transaction: a rollback drops the table too
+def fold(low: int, high: int, commit: Callable[[], object], run: StorageRun | None = None) -> None:
+    """Fold the raw rows with ids in (low, high] into every tier and `commit` (the run's record) in one write
+    transaction. The rows are read once, before it: their buckets of the first tier go into a temporary
+    table (on SQLite a write to the connection's own temporary database, which takes no lock on the main
+    one), which gives that tier and, grouped coarser, the others."""
+    with connection.cursor() as cursor:
         cursor.execute(_buckets_sql(), [low, high])
-        for tier in TIERS:
-            cursor.execute(_fold_sql(tier))
-        cursor.execute(f"DROP TABLE {connection.ops.quote_name(FOLD_TABLE)}")
+        try:
+            with write_transaction(run):
+                for tier in TIERS:
+                    cursor.execute(_fold_sql(tier))
+                commit()
+        finally:
+            cursor.execute(f"DROP TABLE {connection.ops.quote_name(FOLD_TABLE)}")
 
 
 def _buckets_sql() -> str:
@@ -148,7 +194,7 @@ def bucket_sql(seconds: int, column: str = "t") -> str:
     return f"(CAST(strftime('%%s', {column}) AS INTEGER) / {seconds} * {seconds})"
 
 
-def prune_raw(cutoff: datetime) -> int:
+def prune_raw(cutoff: datetime, run: StorageRun | None = None) -> int:
     """Delete raw rows stored before `cutoff` that are rolled up, DELETE_BATCH ids per transaction.
 
     By id, not by time: ids grow with arrival, so this walks the primary key (raw rows have no time index
@@ -159,7 +205,9 @@ def prune_raw(cutoff: datetime) -> int:
         return 0
     upto, deleted = min(expired.seen_id, latest.rolled_id), 0
     for low in range(first - 1, upto, DELETE_BATCH):
-        with transaction.atomic():
+        if low > first - 1:
+            let_writers_in()
+        with write_transaction(run):
             deleted += GpuSample.objects.filter(pk__gt=low, pk__lte=min(low + DELETE_BATCH, upto)).delete()[0]
     RollupRun.objects.filter(t__lt=expired.t).delete()  # the newest expired run is all the next pass needs
     return deleted

@@ -13,6 +13,7 @@ from channels.db import database_sync_to_async
 from channels.testing.websocket import WebsocketCommunicator
 from django.db import connections
 
+from dashboard import agent_db
 from dashboard.models import AgentToken, GpuSample, LogChunk, Node
 from layercake.asgi import application
 
@@ -28,10 +29,12 @@ def in_memory_layer(settings):
 
 @pytest_asyncio.fixture(autouse=True)
 async def close_the_consumers_connection():
-    """The consumer's queries run in asgiref's one sync thread; its connection would outlive the test and keep
-    PostgreSQL from dropping the test database at the end of the session."""
+    """The consumers' queries run in asgiref's one sync thread and the agents' database thread (agent_db);
+    their connections would outlive the test and keep PostgreSQL from dropping the test database at the end
+    of the session."""
     yield
     await database_sync_to_async(connections.close_all)()
+    await agent_db.close_connections()
 
 
 def hello(boot="boot-0001", gpus=2):

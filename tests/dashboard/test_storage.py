@@ -138,3 +138,30 @@ def test_it_folds_again_after_a_pass_that_failed_halfway(gpu, monkeypatch):
     monkeypatch.setattr(storage, "_fold_sql", real_sql)
     storage.roll_up(T0 + timedelta(seconds=60))
     assert (GpuMinute.objects.get().n, GpuHour.objects.get().n) == (1, 1)
+
+
+def test_it_rolls_a_long_backlog_in_several_short_transactions(gpu, monkeypatch):
+    """A backlog (after downtime, or a pass that fell behind) goes in chunks, each its own transaction, with
+    no transaction open between two of them: on SQLite the ingest flushes get the write lock in the gaps.
+    Each chunk reads its raw rows before its transaction, which only merges."""
+    monkeypatch.setattr(storage, "ROLL_CHUNK_IDS", 5)
+    from django.db import connection
+
+    depth, gaps, reads = len(connection.atomic_blocks), [], []
+    monkeypatch.setattr(storage, "let_writers_in", lambda: gaps.append(len(connection.atomic_blocks)))
+    buckets_sql = storage._buckets_sql
+    monkeypatch.setattr(
+        storage, "_buckets_sql", lambda: reads.append(len(connection.atomic_blocks)) or buckets_sql()
+    )
+    rows = [add_sample(gpu, T0 + timedelta(seconds=s), s) for s in range(23)]
+    storage.roll_up(T0)
+    storage.roll_up(T0 + timedelta(seconds=30))
+    first = rows[0].pk - 1
+    rolled = sorted(RollupRun.objects.filter(rolled_id__gt=0).values_list("rolled_id", flat=True))
+    assert [r - first for r in rolled] == [5, 10, 15, 20, 23]  # one run per chunk, from the first row's id
+    assert gaps == [depth] * 4  # a gap between each two chunks, outside any transaction of the pass
+    assert (
+        reads == [depth] * 6
+    )  # each chunk's raw rows read before its write transaction (and the first run's)
+    minute = GpuMinute.objects.get(gpu=gpu)
+    assert (minute.n, minute.util_gpu_min, minute.util_gpu_avg, minute.util_gpu_max) == (23, 0, 11, 22)
