@@ -26,7 +26,7 @@ async def metrics(request: HttpRequest) -> HttpResponse:
             response["WWW-Authenticate"] = verdict.challenge
         return response
     live = LIVE.snapshot()  # on the event loop that records into it
-    # In a thread of its own: the ingest buffer's writes keep asgiref's one sync thread.
+    # In a pool thread: off the event loop, and not queued behind the agents' database thread (agent_db).
     text, cpu_s = await sync_to_async(RENDERER.render, thread_sensitive=False)(live)
     LIVE.scraped(cpu_s)
     return HttpResponse(

@@ -1,11 +1,11 @@
 """WhiteNoise's static files middleware, able to run in the event loop as well as in a sync thread.
 
 WhiteNoise 6's middleware is sync only. Under ASGI one sync-only middleware makes Django run the whole chain of
-every request through asgiref's single sync thread (thread_sensitive), the thread the ingest buffer's writes and
-the agent consumers' database calls queue on: a /metrics scrape (an async view) waited there behind ingest
-(bench/README.md, /metrics). Here, under ASGI, the lookup of a static file is a dict read (or, with autorefresh in
-development, a look at the disk in a pool thread) and everything else goes on to the next middleware without
-touching that thread; under WSGI (the test client) it is WhiteNoise's own __call__.
+every request in a sync thread (the request's own: Django's ASGI handler gives each request a thread-sensitive
+context), a thread hop per request that an async view such as /metrics does not need. Here, under ASGI, the
+lookup of a static file is a dict read (or, with autorefresh in development, a look at the disk in a pool thread)
+and everything else goes on to the next middleware in the event loop; under WSGI (the test client) it is
+WhiteNoise's own __call__.
 """
 
 from __future__ import annotations
