@@ -5,7 +5,7 @@
 A fresh SQLite database with `--nodes` nodes of `--gpus` GPUs, each with a newest sample; the real Redis and
 uvicorn; a logged-in Debian Chromium (Playwright) opens the fleet page. Then ticks carrying every GPU's
 point go to the server processes' hubs twice a second (utilization walking by up to 3 % a tick; `--jumpy`:
-any value each tick, so that every heatmap cell changes colour), built by the same `live.tick_message` as
+any value each tick, so that every heatmap cell changes colour), published by the same `live.publish_tick` as
 the ingest fan-out's when every agent reports; no agents run, so the machine's CPU goes to the server and
 the browser. Gives `first_render_s` (navigation start to the load event), `html_kb`, `dom_nodes`; the
 main thread's share over the tick window from Chromium's counters: `main_thread_busy` (TaskDuration: wall
@@ -78,12 +78,10 @@ def make_fleet(nodes: int, gpus: int) -> dict[int, list[int]]:
 
 
 async def tick(fleet: dict[int, list[int]], seconds: float, jumpy: bool) -> int:
-    """Every node's GPUs in one tick, twice a second, through the real channel layer (as live.FleetFanout)."""
-    from channels.layers import get_channel_layer
+    """Every node's GPUs in one tick, twice a second, through the real channel layer and Redis (as live.FleetFanout)."""
+    from dashboard.live import Colours, publish_tick
 
-    from dashboard.live import TICKS_GROUP, Colours, tick_message
-
-    layer, sent, start, colours = get_channel_layer(), 0, time.monotonic(), Colours()
+    sent, start, colours = 0, time.monotonic(), Colours()
     utils = {g: random.uniform(0, 100) for gpus in fleet.values() for g in gpus}
     while time.monotonic() - start < seconds:
         for g, util in utils.items():  # a walk, as loads move; --jumpy: any value each tick (the worst case)
@@ -91,7 +89,7 @@ async def tick(fleet: dict[int, list[int]], seconds: float, jumpy: bool) -> int:
         nodes = [
             {"node": node, "t": time.time(), "gpus": points(gpus, utils)} for node, gpus in fleet.items()
         ]
-        await layer.group_send(TICKS_GROUP, tick_message(nodes, colours))
+        await publish_tick(nodes, colours)
         sent += 1
         await asyncio.sleep(max(0.0, start + sent * 0.5 - time.monotonic()))
     return sent

@@ -98,14 +98,27 @@ def fleet_update(nodes: list[dict[str, Any]], deployments: list[dict[str, Any]])
 
 
 def heat_colour(util: float | None) -> int:
-    """The heatmap cell's colour class (`u0`..`u10`) by utilization, as static/js/fleet.js rounds it."""
+    """The heatmap's utilization colour: 0 for 0-9.9 %, 1 for 10-19.9 %, ... 10 for 100 %. From 1 up a GPU counts
+    as busy (fleet_view.BUSY_UTIL), so the page's summary line counts busy GPUs from the colours."""
     if util is None or not math.isfinite(util):
         return 0
-    return min(10, max(0, int(util / 10 + 0.5)))
+    return min(10, max(0, int(util // 10)))
+
+
+MEM_STEP_MIB = (
+    256  # a heatmap cell carries the memory used in these steps (the summary line's sums, the colour)
+)
+
+
+def heat_cell(point: GpuPoint | list | tuple) -> int:
+    """A heatmap cell's value: the utilization colour (0-10) in the low 4 bits, the memory used in
+    MEM_STEP_MIB steps above them (static/js/fleet.js reads both: colour by either, sum memory used)."""
+    used = point[1] if math.isfinite(point[1]) else 0.0
+    return heat_colour(point[0]) + 16 * max(0, round(used / MEM_STEP_MIB))
 
 
 class Colours:
-    """The heatmap colour this process last sent for each GPU: ticks carry only the colours that changed,
+    """The heatmap cell this process last sent for each GPU: ticks carry only the cells that changed,
     and every FULL_COLOURS_S all of them (a hub that started since gets the rest)."""
 
     FULL_COLOURS_S = 10.0
@@ -115,27 +128,89 @@ class Colours:
         self.full_at = 0.0
 
     def changed(self, nodes: list[dict[str, Any]]) -> list[int]:
-        """[gpu id, colour, ...] of these nodes' GPUs whose colour changed (all of them, now and then)."""
+        """[gpu id, cell, ...] of these nodes' GPUs whose cell changed (all of them, now and then)."""
         full = time.monotonic() - self.full_at >= self.FULL_COLOURS_S
         if full:
             self.full_at = time.monotonic()
         cells, sent = [], self.sent
         for node in nodes:
             for gpu, point in node["gpus"].items():
-                colour, key = heat_colour(point[0]), int(gpu)
-                if full or sent.get(key) != colour:
-                    sent[key] = colour
-                    cells += (key, colour)
+                cell, key = heat_cell(point), int(gpu)
+                if full or sent.get(key) != cell:
+                    sent[key] = cell
+                    cells += (key, cell)
         if full:  # all of every GPU this process knows of, not only those in this tick
             cells = [value for item in sent.items() for value in item]
         return cells
 
 
+class LatestValues:
+    """Every node's newest values, encoded once, where every server process's hub can fetch the few it shows.
+
+    With Redis, one hash (a field per node, "<unix time> <JSON>"); the hubs fetch the nodes their pages
+    show, so a hub's cost follows its pages, not the fleet. With the in-memory channel layer (one process,
+    the tests), a dict on the layer.
+    """
+
+    KEY = "live:nodes"
+    TTL_S = 3600  # the hash of a fleet that stopped reporting goes away
+
+    def __init__(self, layer: Any) -> None:
+        self.layer = layer
+        self.local: dict[str, str] | None = (
+            None if hasattr(layer, "connection") else layer.__dict__.setdefault("_live_latest", {})
+        )
+
+    async def store(self, encoded: dict[str, str], when: float) -> None:
+        fields = {node: f"{when!r} {text}" for node, text in encoded.items()}
+        if self.local is not None:
+            self.local.update(fields)
+            return
+        async with self.redis().pipeline(transaction=False) as pipe:
+            await pipe.hset(self.key, mapping=fields).expire(self.key, self.TTL_S).execute()
+
+    async def fetch(self, nodes: list[str] | None) -> dict[str, tuple[float, str]]:
+        """node id -> (when published, its values as JSON) of those it has (None: of every node)."""
+        if nodes is None:
+            stored = dict(self.local) if self.local is not None else await self.redis().hgetall(self.key)
+            pairs = [(k.decode() if isinstance(k, bytes) else k, v) for k, v in stored.items()]
+        elif not nodes:
+            return {}
+        else:
+            values = [self.local.get(n) for n in nodes] if self.local is not None else None
+            pairs = zip(nodes, values or await self.redis().hmget(self.key, nodes), strict=True)
+        found = {}
+        for node, value in pairs:
+            if value is not None:
+                when, text = (value.decode() if isinstance(value, bytes) else value).split(" ", 1)
+                found[node] = (float(when), text)
+        return found
+
+    def redis(self) -> Any:
+        return self.layer.connection(0)
+
+    @property
+    def key(self) -> str:
+        return self.layer.prefix + self.KEY
+
+
 def tick_message(nodes: list[dict[str, Any]], colours: Colours) -> dict[str, Any]:
-    """A "live.tick" for the hubs: each node's values encoded once (keyed by node id as text), and the
-    heatmap colours that changed as a flat [gpu id, colour, ...] list (msgpack refuses integer map keys)."""
+    """A "live.tick" for the hubs: the ids of the nodes that reported (their values are in LatestValues) and
+    the heatmap cells that changed as a flat [gpu id, cell, ...] list (msgpack refuses integer map keys)."""
+    return {
+        "type": "live.tick",
+        "sent": time.time(),
+        "nodes": [int(node["node"]) for node in nodes],
+        "cells": colours.changed(nodes),
+    }
+
+
+async def publish_tick(nodes: list[dict[str, Any]], colours: Colours) -> None:
+    """Each node's values encoded once into LatestValues, then the tick to every process's hub."""
+    layer = get_channel_layer()
     encoded = {str(node["node"]): _node_json(node) for node in nodes}
-    return {"type": "live.tick", "sent": time.time(), "nodes": encoded, "cells": colours.changed(nodes)}
+    await LatestValues(layer).store(encoded, time.time())
+    await layer.group_send(TICKS_GROUP, tick_message(nodes, colours))
 
 
 class FleetFanout:
@@ -174,7 +249,7 @@ class FleetFanout:
         if deployments:
             await get_channel_layer().group_send(FLEET_GROUP, fleet_update([], deployments))
         if nodes:
-            await get_channel_layer().group_send(TICKS_GROUP, tick_message(nodes, self.colours))
+            await publish_tick(nodes, self.colours)
 
 
 @receiver(post_save, sender=AgentToken)

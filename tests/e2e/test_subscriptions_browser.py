@@ -1,7 +1,7 @@
 """Per-page subscriptions in headless Chromium: each page gets the live values of what it shows.
 
 52 nodes of 2 GPUs; ticks for every node go through the real Redis channel layer to the real server, as the
-ingest fan-out sends them (`live.tick_message`), three times a second. The user opens a node page, pages
+ingest fan-out publishes them (`live.publish_tick`), three times a second. The user opens a node page, pages
 and filters the fleet list, and points at the heatmap.
 """
 
@@ -12,10 +12,9 @@ import time
 
 import pytest
 from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.utils import timezone
 
-from dashboard.live import TICKS_GROUP, Colours, GpuPoint, tick_message
+from dashboard.live import Colours, GpuPoint, publish_tick
 from tests import storm
 from tests.conftest import point_celery_at
 from tests.e2e.test_browser import login
@@ -32,13 +31,13 @@ class Ticks:
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self) -> None:
-        send, colours = async_to_sync(get_channel_layer().group_send), Colours()
+        send, colours = async_to_sync(publish_tick), Colours()
         while not self.stop.wait(0.3):
             nodes = [
                 {"node": node, "t": time.time(), "gpus": {str(g): self.point(g) for g in gpus}}
                 for node, gpus in self.fleet.items()
             ]
-            send(TICKS_GROUP, tick_message(nodes, colours))
+            send(nodes, colours)
 
     def point(self, gpu: int) -> GpuPoint:
         return GpuPoint(self.util.get(gpu, 42.0), 1000.0 + gpu, 24576.0, 50.0, 200.0, 5.0)
