@@ -137,7 +137,7 @@ function describe([n, i]) {
 
 let pointed = null, watchTimer = null;
 function point(at) {
-  if (at && pointed && at[0] === pointed[0] && at[1] === pointed[1]) return;
+  if (at ? pointed && at[0] === pointed[0] && at[1] === pointed[1] : !pointed) return;
   pointed = at;
   clearTimeout(watchTimer); // sweeping across the heatmap subscribes only where the pointer rests
   if (!at) { tip.hidden = true; watchTimer = setTimeout(() => Live.watch(null), 1000); return; }
@@ -156,15 +156,17 @@ function showTip() {
 
 function openNode(at) { if (at) location.href = `/nodes/${encodeURIComponent(at[0].name)}/`; }
 
-const KEYS = { ArrowRight: [0, 1], ArrowLeft: [0, -1], ArrowDown: [1, 0], ArrowUp: [-1, 0] };
-function step(at, [dNode, dGpu]) {
-  const withGpus = nodes.filter((n) => n.gpus.length);
-  if (!at) return withGpus.length ? [withGpus[0], 0] : null;
-  let k = withGpus.indexOf(at[0]) + dNode, i = dNode ? 0 : at[1] + dGpu;
-  if (i < 0) { k -= 1; i = k >= 0 ? withGpus[k].gpus.length - 1 : 0; }
-  if (k >= 0 && k < withGpus.length && i >= withGpus[k].gpus.length) { k += 1; i = 0; }
-  k = Math.max(0, Math.min(withGpus.length - 1, k));
-  return [withGpus[k], Math.min(i, withGpus[k].gpus.length - 1)];
+const ORDER = nodes.flatMap((n) => n.gpus.map((_, i) => [n, i])); // every cell, in the heatmap's order
+function step(at, key) {
+  if (!at) return ORDER.length ? ORDER[0] : null;
+  const k = ORDER.findIndex(([n, i]) => n === at[0] && i === at[1]);
+  if (key === "ArrowRight") return ORDER[Math.min(ORDER.length - 1, k + 1)];
+  if (key === "ArrowLeft") return ORDER[Math.max(0, k - 1)];
+  const dir = key === "ArrowDown" ? 1 : -1; // up and down: the previous or next node's first GPU
+  for (let j = nodes.indexOf(at[0]) + dir; j >= 0 && j < nodes.length; j += dir) {
+    if (nodes[j].gpus.length) return [nodes[j], 0];
+  }
+  return at;
 }
 
 if (canvas) {
@@ -173,9 +175,9 @@ if (canvas) {
   canvas.addEventListener("click", (ev) => openNode(cellAt(ev)));
   canvas.addEventListener("keydown", (ev) => {
     if (ev.key === "Enter") { openNode(pointed); return; }
-    if (!KEYS[ev.key]) return;
+    if (!["ArrowRight", "ArrowLeft", "ArrowDown", "ArrowUp"].includes(ev.key)) return;
     ev.preventDefault();
-    point(step(pointed, KEYS[ev.key]));
+    point(step(pointed, ev.key));
   });
   canvas.addEventListener("blur", () => point(null));
   document.getElementById("heatmap-colour").addEventListener("change", (ev) => {
