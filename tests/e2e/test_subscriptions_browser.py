@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -164,6 +165,12 @@ def test_it_opens_a_gpus_node_from_the_heatmap_by_click_and_by_keyboard(live_sta
     page.wait_for_url(f"**/nodes/{nodes[3].name}/")
 
 
+def off_the_loop(send, *args) -> None:
+    """Call a sync function that sends on the channel layer (Playwright's sync API runs a loop in this thread)."""
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(send, *args).result()
+
+
 def summary_line(page) -> str:
     return " ".join(page.locator("#fleet-summary").inner_text().split())
 
@@ -189,9 +196,9 @@ def test_it_keeps_the_summary_line_live(live_stack, alice, browser, ticking):
     deployment = Deployment.objects.create(
         id="d1", name="d1", node=nodes[1], plan={}, launch={}, state=DeploymentState.SERVING
     )
-    async_to_sync(announce_deployment)(deployment.summary())
+    off_the_loop(async_to_sync(announce_deployment), deployment.summary())
     alert = Alert.objects.create(key="k", kind="xid", title="t", cause="c", remedy="r", node=nodes[3])
-    alerts.announce(alert.summary())
+    off_the_loop(alerts.announce, alert.summary())
     page.wait_for_function(
         "document.getElementById('sum-alerts').textContent === '1 open alert'", timeout=10000
     )
