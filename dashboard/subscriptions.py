@@ -29,7 +29,7 @@ from channels.layers import get_channel_layer
 from django.contrib.auth import get_user_model
 from redis.exceptions import RedisError
 
-from dashboard.live import POINT_KEYS, TICKS_GROUP, LatestValues
+from dashboard.live import POINT_KEYS, TICKS_GROUP, LatestValues, heat_runs
 from dashboard.models import Node
 
 MAX_NODES = 200  # a fleet page shows 50 cards; a page asking for more than this asks for "all"
@@ -182,7 +182,9 @@ class LiveHub:
 
     async def dispatch(self, tick: dict[str, Any]) -> None:
         reported = [str(node) for node in tick["nodes"]]
-        heat = self.heat_changed(tick["cells"], tick["nodes"], tick["sent"])
+        cells = tick["cells"]
+        self.cells.update(zip(cells[::2], cells[1::2], strict=True))  # in C; kept for pages that come later
+        heat = f'{{"type":"fleet.heatmap","sent":{tick["sent"]!r},{tick["heat"]}}}'
         fetched = await self.values.fetch(self.shown(reported))
         fresh = {node: text for node, (_, text) in fetched.items() if self.sent.get(node) != text}
         self.sent.update(fresh)
@@ -190,7 +192,7 @@ class LiveHub:
             shown = fresh.keys() if subscription.nodes is None else subscription.nodes & fresh.keys()
             if shown:
                 watcher.deliver(update_text([fresh[n] for n in shown], tick["sent"]))
-            if heat and subscription.heatmap:
+            if subscription.heatmap:
                 watcher.deliver(heat)
 
     def shown(self, reported: list[str]) -> list[str]:
@@ -201,22 +203,13 @@ class LiveHub:
         watched = set().union(*(s.nodes for s in subscriptions))
         return [node for node in reported if node in watched]
 
-    def heat_changed(self, cells: list[int], nodes: list[int], sent: float) -> str:
-        """The heatmap message: the cells that changed and the nodes that reported ("" if no heatmap page).
-        Pages that subscribe later get every cell first (`watch`), so the changes are all they need."""
-        new = dict(zip(cells[::2], cells[1::2], strict=True))
-        # Set operations in C: 8,000 cells a tick at 1,000 x 8. Kept with no heatmap page too: one may open.
-        changed = dict(new.items() - self.cells.items())
-        self.cells.update(changed)
-        if not any(s.heatmap for s in self.watchers.values()):
-            return ""
-        return heat_text(changed, sent, nodes) if changed or nodes else ""
-
 
 def heat_text(cells: dict[int, int], sent: float, nodes: list[int]) -> str:
-    """A "fleet.heatmap": GPU id -> cell (live.heat_cell), and the nodes that reported (live, for the page)."""
+    """A "fleet.heatmap" (live.tick_message's `heat`): the cells as live.heat_runs (live.heat_cell each) and the
+    nodes that reported (live, for the page)."""
     return json.dumps(
-        {"type": "fleet.heatmap", "sent": sent, "cells": cells, "nodes": nodes}, separators=(",", ":")
+        {"type": "fleet.heatmap", "sent": sent, "cells": heat_runs(cells), "nodes": nodes},
+        separators=(",", ":"),
     )
 
 

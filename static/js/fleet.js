@@ -22,9 +22,9 @@ const tip = document.getElementById("heatmap-tip");
 const ctx = canvas ? canvas.getContext("2d") : null;
 const loadedAt = Date.now();
 const nodes = data ? data.nodes.map(([id, name, status, interval, gpus, cells, util, used, total]) =>
-  ({ id: String(id), name, status, interval, gpus: gpus.map(String), cells, util, used, total, seen: loadedAt, x: 0, y: 0, w: 0 })) : [];
+  ({ id: String(id), name, status, interval, gpus, cells, util, used, total, seen: loadedAt, x: 0, y: 0, w: 0 })) : [];
 const nodeById = new Map(nodes.map((n) => [n.id, n]));
-const gpuAt = new Map(); // GPU id -> [node, index in it]
+const gpuAt = new Map(); // GPU id (a number) -> [node, index in it]
 nodes.forEach((n) => n.gpus.forEach((g, i) => gpuAt.set(g, [n, i])));
 const deployments = new Map(Object.entries(data ? data.deployments : {}));
 const openAlerts = new Set(data ? data.open_alerts : []);
@@ -92,11 +92,18 @@ function reported(nodeId) {
 }
 
 Live.onHeatmap((msg) => {
-  for (const gpuId in msg.cells) {
-    const at = gpuAt.get(gpuId);
-    if (!at || at[0].cells[at[1]] === msg.cells[gpuId]) continue;
-    at[0].cells[at[1]] = msg.cells[gpuId];
-    dirtyCells.add(at);
+  // The cells that changed (now and then all of them), in runs of consecutive GPU ids: [first id, count,
+  // cell, cell, ..., first id, count, ...] (dashboard.live.heat_runs).
+  const cells = msg.cells;
+  for (let k = 0; k < cells.length;) {
+    const first = cells[k], count = cells[k + 1];
+    k += 2;
+    for (let j = 0; j < count; j++, k++) {
+      const at = gpuAt.get(first + j);
+      if (!at || at[0].cells[at[1]] === cells[k]) continue;
+      at[0].cells[at[1]] = cells[k];
+      dirtyCells.add(at);
+    }
   }
   (msg.nodes || []).forEach(reported);
   summaryDirty = true;
@@ -271,7 +278,7 @@ Live.onUpdate((msg) => {
   for (const node of msg.nodes) {
     reported(node.node);
     for (const [gpuId, p] of Object.entries(node.gpus)) {
-      const at = gpuAt.get(gpuId);
+      const at = gpuAt.get(Number(gpuId));
       if (at) { at[0].util[at[1]] = p[u]; at[0].used[at[1]] = p[m]; at[0].total[at[1]] = p[t]; }
       const row = rows.get(gpuId);
       if (row) showRow(row, Live.point(msg.keys, p));

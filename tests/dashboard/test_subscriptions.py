@@ -12,7 +12,7 @@ from channels.layers import get_channel_layer
 from channels.testing.websocket import WebsocketCommunicator
 
 from dashboard import subscriptions
-from dashboard.live import TICKS_GROUP, FleetFanout
+from dashboard.live import TICKS_GROUP, FleetFanout, heat_runs
 from tests.dashboard.test_fleet_feed import browser, in_memory_layer, nodes, stored_batch
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
@@ -112,21 +112,38 @@ async def test_it_refuses_an_account_deactivated_since_its_socket_opened(alice):
         await page.disconnect()
 
 
+def cells(message: dict) -> dict[int, int]:
+    """GPU id -> cell from the runs of consecutive ids a page gets (live.heat_runs)."""
+    flat, found, k = message["cells"], {}, 0
+    while k < len(flat):
+        first, count = flat[k], flat[k + 1]
+        found.update((first + j, cell) for j, cell in enumerate(flat[k + 2 : k + 2 + count]))
+        k += 2 + count
+    return found
+
+
+def test_it_sends_cells_in_runs_of_consecutive_gpu_ids():
+    assert heat_runs({7: 1, 3: 5, 4: 6, 5: 7, 9: 0}) == [3, 3, 5, 6, 7, 7, 1, 1, 9, 1, 0]
+    assert heat_runs({}) == []
+
+
 async def test_it_sends_the_heatmap_colours_that_changed_and_all_of_them_to_a_page_that_asks_later(alice):
     one, two = await nodes("one", "two")
     early = await browser(alice, {"nodes": [], "heatmap": True})
+    fanout = FleetFanout(period=0.01)  # one fan-out: it sends every cell first, then the changed ones
     try:
-        await tick(stored_batch(one, 1_700_000_000.0, 41), stored_batch(two, 1_700_000_000.0, 42))
+        fanout.record(stored_batch(one, 1_700_000_000.0, 41) + stored_batch(two, 1_700_000_000.0, 42))
         heat = await received(early, "fleet.heatmap")
-        assert heat["cells"] == {"41": BUSY_87, "42": BUSY_87} and sorted(heat["nodes"]) == [one, two]
+        assert cells(heat) == {41: BUSY_87, 42: BUSY_87} and sorted(heat["nodes"]) == [one, two]
         assert await early.receive_nothing(timeout=0.3)  # no node values: the page asked for none
         later = await browser(alice, {"nodes": [], "heatmap": True})
-        assert (await received(later, "fleet.heatmap"))["cells"] == {"41": BUSY_87, "42": BUSY_87}
+        assert cells(await received(later, "fleet.heatmap")) == {41: BUSY_87, 42: BUSY_87}
         batch = stored_batch(two, 1_700_000_001.0, 42)
         batch[0].rows[0] = batch[0].rows[0]._replace(util_gpu=3.0)
-        await tick(stored_batch(one, 1_700_000_001.0, 41), batch)  # only GPU 42's colour changes
+        fanout.record(stored_batch(one, 1_700_000_001.0, 41) + batch)  # only GPU 42's colour changes
         for comm in (early, later):
-            assert (await received(comm, "fleet.heatmap"))["cells"] == {"42": BUSY_87 - 8}  # 3 %: colour 0
+            heat = await received(comm, "fleet.heatmap")
+            assert cells(heat) == {42: BUSY_87 - 8} and sorted(heat["nodes"]) == [one, two]  # 3 %: colour 0
         await later.disconnect()
     finally:
         await early.disconnect()

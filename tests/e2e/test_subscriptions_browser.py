@@ -102,7 +102,7 @@ def test_it_sends_the_fleet_page_the_nodes_of_the_page_and_the_filter_shown(
 def cell_colour(gpu: int) -> str:
     """The palette index of the colour the heatmap canvas shows at a GPU's cell (-1: not a cell colour)."""
     return f"""(() => {{
-        const [n, i] = gpuAt.get("{gpu}"), ratio = window.devicePixelRatio || 1;
+        const [n, i] = gpuAt.get({gpu}), ratio = window.devicePixelRatio || 1;
         const x = (n.x + PAD + i * (CELL_W + CELL_GAP) + CELL_W / 2) * ratio, y = (n.y + BOX_H / 2) * ratio;
         const [r, g, b] = canvas.getContext("2d").getImageData(x, y, 1, 1).data;
         return PALETTE.indexOf("#" + [r, g, b].map((v) => v.toString(16).padStart(2, "0")).join(""));
@@ -115,7 +115,7 @@ def point_at(page, gpu: int) -> tuple[float, float]:
     canvas.scroll_into_view_if_needed()
     box = canvas.bounding_box()
     x, y = page.evaluate(
-        f'(() => {{ const [n, i] = gpuAt.get("{gpu}"); '
+        f'(() => {{ const [n, i] = gpuAt.get({gpu}); '
         "return [n.x + PAD + i * (CELL_W + CELL_GAP) + CELL_W / 2, n.y + BOX_H / 2]; })()"
     )
     return box["x"] + x, box["y"] + y
