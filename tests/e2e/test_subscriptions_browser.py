@@ -115,7 +115,7 @@ def point_at(page, gpu: int) -> tuple[float, float]:
     canvas.scroll_into_view_if_needed()
     box = canvas.bounding_box()
     x, y = page.evaluate(
-        f'(() => {{ const [n, i] = gpuAt.get({gpu}); '
+        f"(() => {{ const [n, i] = gpuAt.get({gpu}); "
         "return [n.x + PAD + i * (CELL_W + CELL_GAP) + CELL_W / 2, n.y + BOX_H / 2]; })()"
     )
     return box["x"] + x, box["y"] + y
