@@ -5,7 +5,7 @@
 A fresh SQLite database with `--nodes` nodes of `--gpus` GPUs, each with a newest sample; the real Redis and
 uvicorn; a logged-in Debian Chromium (Playwright) opens the fleet page. Then ticks carrying every GPU's
 point go to the server processes' hubs twice a second (utilization walking by up to 3 % a tick; `--jumpy`:
-any value each tick, so that every heatmap cell changes colour), built by the same `live.tick_message` as
+any value each tick, so that every heatmap cell changes colour), published by the same `live.publish_tick` as
 the ingest fan-out's when every agent reports; no agents run, so the machine's CPU goes to the server and
 the browser. Gives `first_render_s` (navigation start to the load event), `html_kb`, `dom_nodes`; the
 main thread's share over the tick window from Chromium's counters: `main_thread_busy` (TaskDuration: wall
@@ -14,7 +14,8 @@ only), its script, style and layout parts, and `main_thread_cpu_without_ticks` (
 and the server's CPU share (fraction of one core) over a window of ticks with no page open
 (`server_cpu_no_page`) and with the page open: `server_cpu_first_page` is the difference (it includes the
 process's hub starting to take the ticks), and with `--pages N`, `server_cpu_per_further_page` is what
-each further page adds.
+each further page adds. The fan-out's part is this process's (it plays the fan-out):
+`publish_cpu_ms_per_tick` is the CPU time it spends building and sending one tick (Redis's own is not counted).
 """
 
 from __future__ import annotations
@@ -77,13 +78,11 @@ def make_fleet(nodes: int, gpus: int) -> dict[int, list[int]]:
     return {n.pk: list(n.gpus.values_list("pk", flat=True)) for n in fleet}
 
 
-async def tick(fleet: dict[int, list[int]], seconds: float, jumpy: bool) -> int:
-    """Every node's GPUs in one tick, twice a second, through the real channel layer (as live.FleetFanout)."""
-    from channels.layers import get_channel_layer
+async def tick(fleet: dict[int, list[int]], seconds: float, jumpy: bool) -> tuple[int, float]:
+    """Every node's GPUs in one tick, twice a second, through the real channel layer and Redis (as live.FleetFanout)."""
+    from dashboard.live import Colours, publish_tick
 
-    from dashboard.live import TICKS_GROUP, Colours, tick_message
-
-    layer, sent, start, colours = get_channel_layer(), 0, time.monotonic(), Colours()
+    sent, start, colours, publishing = 0, time.monotonic(), Colours(), 0.0
     utils = {g: random.uniform(0, 100) for gpus in fleet.values() for g in gpus}
     while time.monotonic() - start < seconds:
         for g, util in utils.items():  # a walk, as loads move; --jumpy: any value each tick (the worst case)
@@ -91,10 +90,12 @@ async def tick(fleet: dict[int, list[int]], seconds: float, jumpy: bool) -> int:
         nodes = [
             {"node": node, "t": time.time(), "gpus": points(gpus, utils)} for node, gpus in fleet.items()
         ]
-        await layer.group_send(TICKS_GROUP, tick_message(nodes, colours))
+        cpu = time.thread_time()
+        await publish_tick(nodes, colours)
+        publishing += time.thread_time() - cpu  # building and sending the tick, not simulating it
         sent += 1
         await asyncio.sleep(max(0.0, start + sent * 0.5 - time.monotonic()))
-    return sent
+    return sent, publishing
 
 
 def points(gpus: list[int], utils: dict[int, float]) -> dict:
@@ -128,22 +129,23 @@ def open_page(context, url: str):
 
 
 def server_share(server_pid: int, fleet: dict[int, list[int]], seconds: float, jumpy: bool) -> tuple:
-    """(ticks sent, server CPU as a fraction of a core, wall seconds) over one window of ticks."""
+    """(ticks sent, server CPU as a fraction of a core, wall seconds, CPU ms per tick to publish it) over one
+    window of ticks."""
     from bench.ingest import cpu_seconds
 
     wall, cpu = time.monotonic(), cpu_seconds(server_pid)
     with ThreadPoolExecutor(1) as pool:  # Playwright's sync API runs its own loop in this thread
-        ticks = pool.submit(asyncio.run, tick(fleet, seconds, jumpy)).result()
+        ticks, publishing = pool.submit(asyncio.run, tick(fleet, seconds, jumpy)).result()
     time.sleep(0.5)
     elapsed = time.monotonic() - wall
-    return ticks, (cpu_seconds(server_pid) - cpu) / elapsed, elapsed
+    return ticks, (cpu_seconds(server_pid) - cpu) / elapsed, elapsed, 1000 * publishing / max(1, ticks)
 
 
 def measure(url: str, fleet: dict[int, list[int]], args: argparse.Namespace, server_pid: int) -> dict:
     """Ticks with no page open (the server's own share), with one fleet page open, then with `--pages`."""
     from playwright.sync_api import sync_playwright
 
-    _, idle_cpu, _ = server_share(server_pid, fleet, args.seconds, args.jumpy)
+    _, idle_cpu, _, _ = server_share(server_pid, fleet, args.seconds, args.jumpy)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         context = browser.new_context()
@@ -164,7 +166,7 @@ def measure(url: str, fleet: dict[int, list[int]], args: argparse.Namespace, ser
         page.wait_for_timeout(3000)
         without_ticks = main_thread_shares(cdp, quiet, 3.0)["main_thread_cpu"]
         before = main_thread_seconds(cdp)
-        ticks, cpu, elapsed = server_share(server_pid, fleet, args.seconds, args.jumpy)
+        ticks, cpu, elapsed, publish_ms = server_share(server_pid, fleet, args.seconds, args.jumpy)
         result = {
             "first_render_s": round(navigation["loadEventEnd"] / 1000, 2),
             "html_kb": round(navigation["transferSize"] / 1024, 1),
@@ -176,12 +178,13 @@ def measure(url: str, fleet: dict[int, list[int]], args: argparse.Namespace, ser
             "server_cpu_no_page": round(idle_cpu, 4),
             "server_cpu_one_page": round(cpu, 4),
             "server_cpu_first_page": round(cpu - idle_cpu, 4),
+            "publish_cpu_ms_per_tick": round(publish_ms, 2),
             "chromium": browser.version,
         }
         if args.pages > 1:  # what each further page adds, once the process's hub is running
             for _ in range(args.pages - 1):
                 open_page(context, url)
-            _, more, _ = server_share(server_pid, fleet, args.seconds, args.jumpy)
+            _, more, _, _ = server_share(server_pid, fleet, args.seconds, args.jumpy)
             result["pages"] = args.pages
             result["server_cpu_per_further_page"] = round((more - cpu) / (args.pages - 1), 4)
         browser.close()

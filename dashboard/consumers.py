@@ -339,7 +339,7 @@ class FleetConsumer(AsyncWebsocketConsumer):
             self.outbox = asyncio.Queue(BROWSER_OUTBOX)
             self.sender = asyncio.get_running_loop().create_task(self.send_outbox())
         self.deliver(browser_json.dumps({"type": "fleet.subscribed", "ref": ref, **subscription.describe()}))
-        subscriptions.live_hub().watch(self, subscription)
+        await subscriptions.live_hub().watch(self, subscription)
 
     def deliver(self, text: str) -> None:
         """The hub's message for this page: queued, so that one slow browser never holds up the others."""

@@ -6,15 +6,18 @@ TICKS_GROUP, whose members are the server processes' hubs (dashboard.subscriptio
 only the nodes it shows. Small, rare events (node status, deployments, plans, alerts) go to every browser
 through FLEET_GROUP.
 
-Each node's values are JSON-encoded once, here, and travel as text: a page's message is a join of the
-nodes it shows. (Encoding the whole tick per browser, plus msgpack of the nested structure in and out of
-Redis, cost 15-25 ms per browser per tick at 1,000 nodes.) The tick also carries each GPU's heatmap
-colour, which is all the fleet page's heatmap needs of the GPUs it does not show in detail.
+Each node's values are JSON-encoded once, here, stored in Redis (LatestValues), and travel as text: a page's
+message is a join of the nodes it shows. (Encoding the whole tick per browser, plus msgpack of the nested
+structure in and out of Redis, cost 15-25 ms per browser per tick at 1,000 nodes; every hub taking every
+node's values cost a lone fleet page's process 1.9 % of a core.) The tick itself carries which nodes
+reported and each GPU's heatmap cell that changed, which is all the fleet page needs of the GPUs it does not
+show in detail.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
@@ -98,14 +101,27 @@ def fleet_update(nodes: list[dict[str, Any]], deployments: list[dict[str, Any]])
 
 
 def heat_colour(util: float | None) -> int:
-    """The heatmap cell's colour class (`u0`..`u10`) by utilization, as static/js/fleet.js rounds it."""
+    """The heatmap's utilization colour: 0 for 0-9.9 %, 1 for 10-19.9 %, ... 10 for 100 %. From 1 up a GPU counts
+    as busy (fleet_view.BUSY_UTIL), so the page's summary line counts busy GPUs from the colours."""
     if util is None or not math.isfinite(util):
         return 0
-    return min(10, max(0, int(util / 10 + 0.5)))
+    return min(10, max(0, int(util // 10)))
+
+
+MEM_STEP_MIB = (
+    256  # a heatmap cell carries the memory used in these steps (the summary line's sums, the colour)
+)
+
+
+def heat_cell(point: GpuPoint | list | tuple) -> int:
+    """A heatmap cell's value: the utilization colour (0-10) in the low 4 bits, the memory used in
+    MEM_STEP_MIB steps above them (static/js/fleet.js reads both: colour by either, sum memory used)."""
+    used = point[1] if math.isfinite(point[1]) else 0.0
+    return heat_colour(point[0]) + 16 * max(0, round(used / MEM_STEP_MIB))
 
 
 class Colours:
-    """The heatmap colour this process last sent for each GPU: ticks carry only the colours that changed,
+    """The heatmap cell this process last sent for each GPU: ticks carry only the cells that changed,
     and every FULL_COLOURS_S all of them (a hub that started since gets the rest)."""
 
     FULL_COLOURS_S = 10.0
@@ -115,27 +131,105 @@ class Colours:
         self.full_at = 0.0
 
     def changed(self, nodes: list[dict[str, Any]]) -> list[int]:
-        """[gpu id, colour, ...] of these nodes' GPUs whose colour changed (all of them, now and then)."""
+        """[gpu id, cell, ...] of these nodes' GPUs whose cell changed (all of them, now and then)."""
         full = time.monotonic() - self.full_at >= self.FULL_COLOURS_S
         if full:
             self.full_at = time.monotonic()
         cells, sent = [], self.sent
         for node in nodes:
             for gpu, point in node["gpus"].items():
-                colour, key = heat_colour(point[0]), int(gpu)
-                if full or sent.get(key) != colour:
-                    sent[key] = colour
-                    cells += (key, colour)
+                cell, key = heat_cell(point), int(gpu)
+                if full or sent.get(key) != cell:
+                    sent[key] = cell
+                    cells += (key, cell)
         if full:  # all of every GPU this process knows of, not only those in this tick
             cells = [value for item in sent.items() for value in item]
         return cells
 
 
+class LatestValues:
+    """Every node's newest values, encoded once, where every server process's hub can fetch the few it shows.
+
+    With Redis, one hash (a field per node, "<unix time> <JSON>"); the hubs fetch the nodes their pages
+    show, so a hub's cost follows its pages, not the fleet. With the in-memory channel layer (one process,
+    the tests), a dict on the layer.
+    """
+
+    KEY = "live:nodes"
+    TTL_S = 3600  # the hash of a fleet that stopped reporting goes away
+
+    def __init__(self, layer: Any) -> None:
+        self.layer = layer
+        self.local: dict[str, str] | None = (
+            None if hasattr(layer, "connection") else layer.__dict__.setdefault("_live_latest", {})
+        )
+
+    async def store(self, encoded: dict[str, str], when: float) -> None:
+        fields = {node: f"{when!r} {text}" for node, text in encoded.items()}
+        if self.local is not None:
+            self.local.update(fields)
+            return
+        async with self.redis().pipeline(transaction=False) as pipe:
+            await pipe.hset(self.key, mapping=fields).expire(self.key, self.TTL_S).execute()
+
+    async def fetch(self, nodes: list[str] | None) -> dict[str, tuple[float, str]]:
+        """node id -> (when published, its values as JSON) of those it has (None: of every node)."""
+        if nodes is None:
+            stored = dict(self.local) if self.local is not None else await self.redis().hgetall(self.key)
+            pairs = [(k.decode() if isinstance(k, bytes) else k, v) for k, v in stored.items()]
+        elif not nodes:
+            return {}
+        else:
+            values = [self.local.get(n) for n in nodes] if self.local is not None else None
+            pairs = zip(nodes, values or await self.redis().hmget(self.key, nodes), strict=True)
+        found = {}
+        for node, value in pairs:
+            if value is not None:
+                when, text = (value.decode() if isinstance(value, bytes) else value).split(" ", 1)
+                found[node] = (float(when), text)
+        return found
+
+    def redis(self) -> Any:
+        return self.layer.connection(0)
+
+    @property
+    def key(self) -> str:
+        return self.layer.prefix + self.KEY
+
+
+def heat_runs(cells: dict[int, int]) -> list[int]:
+    """Cells as the pages get them: runs of consecutive GPU ids, [first id, count, cell, cell, ..., first id,
+    count, ...]. A node's GPUs have consecutive ids, so when every cell changes the message is about half
+    as long as [id, cell, ...] pairs, and each page's socket compresses half as much."""
+    flat: list[int] = []
+    count_at, next_id = -1, None
+    for gpu in sorted(cells):
+        if gpu != next_id:
+            flat += (gpu, 0)
+            count_at = len(flat) - 1
+        flat.append(cells[gpu])
+        flat[count_at] += 1
+        next_id = gpu + 1
+    return flat
+
+
 def tick_message(nodes: list[dict[str, Any]], colours: Colours) -> dict[str, Any]:
-    """A "live.tick" for the hubs: each node's values encoded once (keyed by node id as text), and the
-    heatmap colours that changed as a flat [gpu id, colour, ...] list (msgpack refuses integer map keys)."""
+    """A "live.tick" for the hubs: the ids of the nodes that reported (their values are in LatestValues), the
+    heatmap cells that changed as a flat [gpu id, cell, ...] list (msgpack refuses integer map keys), and both
+    already JSON-encoded for the pages (`heat`, the cells as `heat_runs`), so that no hub encodes 8,000 cells
+    a tick."""
+    reported, cells = [int(node["node"]) for node in nodes], colours.changed(nodes)
+    runs = heat_runs(dict(zip(cells[::2], cells[1::2], strict=True)))
+    heat = f'"cells":{json.dumps(runs, separators=(",", ":"))},"nodes":{json.dumps(reported, separators=(",", ":"))}'
+    return {"type": "live.tick", "sent": time.time(), "nodes": reported, "cells": cells, "heat": heat}
+
+
+async def publish_tick(nodes: list[dict[str, Any]], colours: Colours) -> None:
+    """Each node's values encoded once into LatestValues, then the tick to every process's hub."""
+    layer = get_channel_layer()
     encoded = {str(node["node"]): _node_json(node) for node in nodes}
-    return {"type": "live.tick", "sent": time.time(), "nodes": encoded, "cells": colours.changed(nodes)}
+    await LatestValues(layer).store(encoded, time.time())
+    await layer.group_send(TICKS_GROUP, tick_message(nodes, colours))
 
 
 class FleetFanout:
@@ -174,7 +268,7 @@ class FleetFanout:
         if deployments:
             await get_channel_layer().group_send(FLEET_GROUP, fleet_update([], deployments))
         if nodes:
-            await get_channel_layer().group_send(TICKS_GROUP, tick_message(nodes, self.colours))
+            await publish_tick(nodes, self.colours)
 
 
 @receiver(post_save, sender=AgentToken)

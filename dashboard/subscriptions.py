@@ -5,10 +5,13 @@ needs only each GPU's colour. So a page sends `{"type": "subscribe", "nodes": [i
 (or `"nodes": "all"`, for tools that watch the whole fleet) and gets fleet ticks holding only those nodes,
 plus, if it asked, the heatmap's colours.
 
-Ticks cross processes once per process, not once per browser: every server process's fan-out sends its tick
-to TICKS_GROUP, whose members are one `LiveHub` per process (not the browsers). The hub slices each tick for
-the browsers connected to its own process and hands them their part. Each node's values arrive JSON-encoded
-once (live.tick_message), so a page's message is a join of strings, not an encoding per browser.
+Ticks cross processes once per process, not once per browser, and carry what every page needs (which
+nodes reported, the heatmap cells that changed): every server process's fan-out stores its nodes' values
+once in Redis (live.LatestValues, a field per node) and sends a tick to TICKS_GROUP, whose members are one
+`LiveHub` per process (not the browsers), and only while a page on that process watches. The hub fetches the
+values of the nodes its pages show and hands each page its part, so its cost follows its pages, not the
+fleet (bench/README.md, "Fleet page"). Each node's values arrive JSON-encoded once (live.publish_tick), so a
+page's message is a join of strings, not an encoding per browser.
 """
 
 from __future__ import annotations
@@ -26,13 +29,16 @@ from channels.layers import get_channel_layer
 from django.contrib.auth import get_user_model
 from redis.exceptions import RedisError
 
-from dashboard.live import POINT_KEYS, TICKS_GROUP
+from dashboard.live import POINT_KEYS, TICKS_GROUP, LatestValues, heat_runs
 from dashboard.models import Node
 
 MAX_NODES = 200  # a fleet page shows 50 cards; a page asking for more than this asks for "all"
 # A page that just subscribed gets the values the hub holds of nodes that reported this recently.
 FRESH_S = 5.0
 REJOIN_S = 3600.0  # group memberships expire in Redis (a day by default): the hub renews its own
+# A hub whose last page closed leaves the ticks after this long: a page moving to the next page of the list,
+# or reloading, finds it still in them.
+LINGER_S = 5.0
 KEYS_JSON = json.dumps(list(POINT_KEYS))
 log = logging.getLogger(__name__)
 
@@ -97,79 +103,114 @@ def update_text(parts: Iterable[str], sent: float) -> str:
 
 
 class LiveHub:
-    """One per server process (event loop): receives every tick once and gives each local page its part."""
+    """One per server process (event loop): in the ticks while a local page watches, out of them otherwise.
+
+    A tick names the nodes that reported and the heatmap cells that changed; the hub fetches the values of
+    only the nodes its pages show (live.LatestValues), so its cost follows its pages, not the fleet.
+    """
 
     def __init__(self) -> None:
         self.layer = get_channel_layer()
+        self.values = LatestValues(self.layer)
         self.watchers: dict[Watcher, Subscription] = {}
-        self.latest: dict[
-            str, tuple[float, str]
-        ] = {}  # node id -> (when received, its newest values encoded)
-        self.cells: dict[str, int] = {}  # GPU id -> heatmap colour (0-10 by utilization)
+        self.sent: dict[str, str] = {}  # node id -> its values as last given to pages (not given twice)
+        self.cells: dict[int, int] = {}  # GPU id -> heatmap cell (live.heat_cell)
         self.task: asyncio.Task | None = None
+        self.leaving: asyncio.TimerHandle | None = None
 
-    def watch(self, watcher: Watcher, subscription: Subscription) -> None:
+    async def watch(self, watcher: Watcher, subscription: Subscription) -> None:
         """Start (or change) what a page gets; it gets at once the newest values it did not have."""
         before = self.watchers.get(watcher)
+        await self.catch_up(watcher, before, subscription)
+        if subscription.heatmap and not (before and before.heatmap) and self.cells:
+            watcher.deliver(heat_text(self.cells, time.time(), []))
         self.watchers[watcher] = subscription
+        if self.leaving is not None:
+            self.leaving.cancel()
+            self.leaving = None
         if self.task is None:
             self.task = asyncio.get_running_loop().create_task(self.run())
-        had = set() if before is None else (set(self.latest) if before.nodes is None else before.nodes)
-        wanted = self.latest.keys() if subscription.nodes is None else subscription.nodes
-        fresh = time.monotonic() - FRESH_S  # an older value would show a silent node as live
-        parts = [self.latest[n][1] for n in wanted if n not in had and self.latest.get(n, (0.0,))[0] > fresh]
+
+    async def catch_up(self, watcher: Watcher, before: Subscription | None, after: Subscription) -> None:
+        """The newest values of the nodes a page shows from now on, if they are recent."""
+        had = set() if before is None else (set(self.sent) if before.nodes is None else before.nodes)
+        try:
+            found = await self.values.fetch(None if after.nodes is None else sorted(after.nodes - had))
+        except (RedisError, OSError) as exc:  # the page gets its values with the next tick
+            log.warning("live hub: no values for a new page yet: %s", exc)
+            return
+        fresh = time.time() - FRESH_S  # an older value would show a silent node as live
+        parts = [text for node, (when, text) in found.items() if when > fresh and node not in had]
         if parts:
             watcher.deliver(update_text(parts, time.time()))
-        if subscription.heatmap and not (before and before.heatmap) and self.cells:
-            watcher.deliver(heat_text(self.cells, time.time()))
 
     def forget(self, watcher: Watcher) -> None:
+        """The page closed; the last one's hub leaves the ticks after LINGER_S (unless a page comes back)."""
         self.watchers.pop(watcher, None)
+        if not self.watchers and self.task is not None and self.leaving is None:
+            self.leaving = asyncio.get_running_loop().call_later(LINGER_S, self.leave)
+
+    def leave(self) -> None:
+        self.leaving = None
+        if self.watchers or self.task is None:
+            return
+        self.task.cancel()  # its `run` leaves the group; a page that comes later starts a new one
+        self.task = None
+        self.sent.clear()
+        self.cells.clear()  # they go stale out of the ticks; the full colours come every FULL_COLOURS_S
 
     async def run(self) -> None:
         channel = await self.layer.new_channel()
-        while True:
-            try:
-                await self.layer.group_add(TICKS_GROUP, channel)
-                joined = time.monotonic()
-                while time.monotonic() - joined < REJOIN_S:
-                    self.dispatch(await self.layer.receive(channel))
-            except (RedisError, OSError) as exc:  # Redis restarting: ticks resume when it is back
-                log.warning("live hub: %s; joining the ticks again in 1 s", exc)
-                await asyncio.sleep(1)
+        try:
+            while True:
+                try:
+                    await self.layer.group_add(TICKS_GROUP, channel)
+                    joined = time.monotonic()
+                    while time.monotonic() - joined < REJOIN_S:
+                        await self.dispatch(await self.layer.receive(channel))
+                except (RedisError, OSError) as exc:  # Redis restarting: ticks resume when it is back
+                    log.warning("live hub: %s; joining the ticks again in 1 s", exc)
+                    await asyncio.sleep(1)
+        finally:
+            await self.quit(channel)
 
-    def dispatch(self, tick: dict[str, Any]) -> None:
-        nodes: dict[str, str] = tick["nodes"]
-        now = time.monotonic()
-        self.latest.update((node, (now, text)) for node, text in nodes.items())
-        heat = self.heat_changed(tick["cells"], tick["sent"])
-        whole = None
+    async def quit(self, channel: str) -> None:
+        try:
+            await self.layer.group_discard(TICKS_GROUP, channel)
+        except (RedisError, OSError) as exc:  # its membership expires with the group (channel_layer expiry)
+            log.warning("live hub: could not leave the ticks: %s", exc)
+
+    async def dispatch(self, tick: dict[str, Any]) -> None:
+        reported = [str(node) for node in tick["nodes"]]
+        cells = tick["cells"]
+        self.cells.update(zip(cells[::2], cells[1::2], strict=True))  # in C; kept for pages that come later
+        heat = f'{{"type":"fleet.heatmap","sent":{tick["sent"]!r},{tick["heat"]}}}'
+        fetched = await self.values.fetch(self.shown(reported))
+        fresh = {node: text for node, (_, text) in fetched.items() if self.sent.get(node) != text}
+        self.sent.update(fresh)
         for watcher, subscription in list(self.watchers.items()):
-            if subscription.nodes is None:
-                whole = whole or update_text(nodes.values(), tick["sent"])
-                watcher.deliver(whole)
-            else:
-                shown = subscription.nodes if len(subscription.nodes) < len(nodes) else nodes.keys()
-                parts = [nodes[n] for n in shown if n in nodes and n in subscription.nodes]
-                if parts:
-                    watcher.deliver(update_text(parts, tick["sent"]))
-            if heat and subscription.heatmap:
+            shown = fresh.keys() if subscription.nodes is None else subscription.nodes & fresh.keys()
+            if shown:
+                watcher.deliver(update_text([fresh[n] for n in shown], tick["sent"]))
+            if subscription.heatmap:
                 watcher.deliver(heat)
 
-    def heat_changed(self, cells: list[int], sent: float) -> str:
-        """The heatmap message of the GPUs whose colour changed ("" if none did); pages that subscribe later
-        get every colour first (`watch`), so the changes are all they need."""
-        changed = {}
-        for i in range(0, len(cells), 2):
-            gpu, colour = str(cells[i]), cells[i + 1]
-            if self.cells.get(gpu) != colour:
-                self.cells[gpu] = changed[gpu] = colour
-        return heat_text(changed, sent) if changed else ""
+    def shown(self, reported: list[str]) -> list[str]:
+        """Those of the reported nodes that a local page shows."""
+        subscriptions = self.watchers.values()
+        if any(s.nodes is None for s in subscriptions):
+            return reported
+        watched = set().union(*(s.nodes for s in subscriptions))
+        return [node for node in reported if node in watched]
 
 
-def heat_text(cells: dict[str, int], sent: float) -> str:
-    body = ",".join(f'"{gpu}":{colour}' for gpu, colour in cells.items())
-    return f'{{"type":"fleet.heatmap","sent":{sent!r},"cells":{{{body}}}}}'
+def heat_text(cells: dict[int, int], sent: float, nodes: list[int]) -> str:
+    """A "fleet.heatmap" (live.tick_message's `heat`): the cells as live.heat_runs (live.heat_cell each) and the
+    nodes that reported (live, for the page)."""
+    return json.dumps(
+        {"type": "fleet.heatmap", "sent": sent, "cells": heat_runs(cells), "nodes": nodes},
+        separators=(",", ":"),
+    )
 
 
 _hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LiveHub] = weakref.WeakKeyDictionary()

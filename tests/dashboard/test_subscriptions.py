@@ -3,18 +3,25 @@ nothing else; a bad subscribe message is refused by name and changes nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from channels.testing.websocket import WebsocketCommunicator
 
 from dashboard import subscriptions
-from dashboard.live import FleetFanout
+from dashboard.live import TICKS_GROUP, FleetFanout, heat_runs
 from tests.dashboard.test_fleet_feed import browser, in_memory_layer, nodes, stored_batch
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 __all__ = ["in_memory_layer"]  # the fixture, used here too
+
+
+# A heatmap cell (live.heat_cell) of stored_batch's GPU: 87.5 % is in the 80-89 % colour (8), and 70,000 MiB
+# used is 273 steps of 256 MiB.
+BUSY_87 = 8 + 16 * 273
 
 
 async def tick(*batches: list) -> None:
@@ -105,21 +112,38 @@ async def test_it_refuses_an_account_deactivated_since_its_socket_opened(alice):
         await page.disconnect()
 
 
+def cells(message: dict) -> dict[int, int]:
+    """GPU id -> cell from the runs of consecutive ids a page gets (live.heat_runs)."""
+    flat, found, k = message["cells"], {}, 0
+    while k < len(flat):
+        first, count = flat[k], flat[k + 1]
+        found.update((first + j, cell) for j, cell in enumerate(flat[k + 2 : k + 2 + count]))
+        k += 2 + count
+    return found
+
+
+def test_it_sends_cells_in_runs_of_consecutive_gpu_ids():
+    assert heat_runs({7: 1, 3: 5, 4: 6, 5: 7, 9: 0}) == [3, 3, 5, 6, 7, 7, 1, 1, 9, 1, 0]
+    assert heat_runs({}) == []
+
+
 async def test_it_sends_the_heatmap_colours_that_changed_and_all_of_them_to_a_page_that_asks_later(alice):
     one, two = await nodes("one", "two")
     early = await browser(alice, {"nodes": [], "heatmap": True})
+    fanout = FleetFanout(period=0.01)  # one fan-out: it sends every cell first, then the changed ones
     try:
-        await tick(stored_batch(one, 1_700_000_000.0, 41), stored_batch(two, 1_700_000_000.0, 42))
+        fanout.record(stored_batch(one, 1_700_000_000.0, 41) + stored_batch(two, 1_700_000_000.0, 42))
         heat = await received(early, "fleet.heatmap")
-        assert heat["cells"] == {"41": 9, "42": 9}  # 87.5 % rounds to the 90 % colour
+        assert cells(heat) == {41: BUSY_87, 42: BUSY_87} and sorted(heat["nodes"]) == [one, two]
         assert await early.receive_nothing(timeout=0.3)  # no node values: the page asked for none
         later = await browser(alice, {"nodes": [], "heatmap": True})
-        assert (await received(later, "fleet.heatmap"))["cells"] == {"41": 9, "42": 9}
+        assert cells(await received(later, "fleet.heatmap")) == {41: BUSY_87, 42: BUSY_87}
         batch = stored_batch(two, 1_700_000_001.0, 42)
         batch[0].rows[0] = batch[0].rows[0]._replace(util_gpu=3.0)
-        await tick(stored_batch(one, 1_700_000_001.0, 41), batch)  # only GPU 42's colour changes
+        fanout.record(stored_batch(one, 1_700_000_001.0, 41) + batch)  # only GPU 42's colour changes
         for comm in (early, later):
-            assert (await received(comm, "fleet.heatmap"))["cells"] == {"42": 0}
+            heat = await received(comm, "fleet.heatmap")
+            assert cells(heat) == {42: BUSY_87 - 8} and sorted(heat["nodes"]) == [one, two]  # 3 %: colour 0
         await later.disconnect()
     finally:
         await early.disconnect()
@@ -130,3 +154,57 @@ async def test_it_reads_a_subscription_of_every_node():
         "nodes": "all",
         "heatmap": False,
     }
+
+
+async def members(group: str) -> set[str]:
+    layer = get_channel_layer()
+    return set(layer.groups.get(group, {}))
+
+
+async def until(check, seconds: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def test_it_leaves_the_ticks_when_its_last_page_closes_and_joins_them_again_for_the_next(
+    alice, monkeypatch
+):
+    monkeypatch.setattr(subscriptions, "LINGER_S", 0.2)
+    [node] = await nodes("n")
+    first = await browser(alice, {"nodes": [node], "heatmap": True})
+    second = await browser(alice, {"nodes": [node]})
+    await until(lambda: _joined(True))
+    await first.disconnect()
+    await asyncio.sleep(0.5)
+    assert await _joined(True)  # one page still open
+    await second.disconnect()
+    await until(lambda: _joined(False))  # gone from the group: ticks no longer reach this process
+    assert not subscriptions.live_hub().cells and not subscriptions.live_hub().sent
+    again = await browser(alice, {"nodes": [node]})
+    try:
+        await until(lambda: _joined(True))
+        await tick(stored_batch(node, 1_700_000_002.0, 41))
+        assert [n["node"] for n in (await received(again, "fleet.update"))["nodes"]] == [node]
+    finally:
+        await again.disconnect()
+
+
+async def test_it_stays_in_the_ticks_for_a_page_that_comes_back_within_the_linger(alice, monkeypatch):
+    monkeypatch.setattr(subscriptions, "LINGER_S", 1.0)
+    [node] = await nodes("n")
+    page = await browser(alice, {"nodes": [node]})
+    await until(lambda: _joined(True))
+    joined = await members(TICKS_GROUP)
+    await page.disconnect()
+    page = await browser(alice, {"nodes": [node]})  # the next page of the list, a moment later
+    await asyncio.sleep(1.3)
+    try:
+        assert await members(TICKS_GROUP) == joined  # the same membership: never left
+    finally:
+        await page.disconnect()
+
+
+async def _joined(expected: bool) -> bool:
+    return bool(await members(TICKS_GROUP)) == expected
