@@ -190,7 +190,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.gpu_ids, self.accepted_seq, self.stored_seq = welcome.gpu_ids, node.last_seq, node.last_seq
         LIVE.agent_online(node.pk)
         self.accepted_at = welcome.watermark_moved.timestamp()
-        await self.send(protocol.welcome(node.name, node.last_seq))
+        await self.send(protocol.welcome(node.name, node.last_seq, node.inventory_digest))
         for frame in welcome.launches:
             await self.send(frame)  # the agent launches idempotently: this only restores what it lost
         await announce_node(node.pk, node.name, NodeStatus.ONLINE)
@@ -201,6 +201,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await buffer.flush()  # (only then: after a restart, 1,000 hellos were 1,000 early flushes)
         try:
             return await database_sync_to_async(ingest.welcome_node)(self.node.pk, message)
+        except protocol.ProtocolError:
+            raise  # full_hello_required: the agent sends its inventory on this connection
         except (DatabaseError, *ingest.REFUSALS) as exc:
             raise protocol.ProtocolError(
                 "hello_refused", f"the server could not store this hello: {exc}"

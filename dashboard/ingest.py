@@ -9,8 +9,6 @@ agent for what is now stored, so an agent only forgets a sample once it is in th
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -31,6 +29,7 @@ from django.db import (
 from django.db.models.constants import OnConflict
 from django.utils import timezone
 
+from agents import protocol
 from agents.protocol import (
     DeploymentStatus,
     GpuReading,
@@ -66,12 +65,11 @@ def apply_hello(node: Node, hello: Hello) -> dict[int, int]:
     """Record the agent's inventory and topology; return GPU index -> Gpu id for sample rows."""
     digest = inventory_digest(hello)
     with transaction.atomic():
-        new_boot = hello.boot_id != node.boot_id
-        if new_boot:
-            node.boot_id, node.last_seq = hello.boot_id, 0
+        new_boot = _take_boot(node, hello)
         unchanged = digest == node.inventory_digest
         node.inventory_digest = digest
-        _update_node_fields(node, hello, new_boot)
+        node.topology = hello.topology.model_dump() if hello.topology else None
+        _update_node_fields(node, hello, new_boot, HELLO_FIELDS)
         if unchanged:
             return dict(node.gpus.values_list("index", "pk"))
         gpu_ids = _sync_gpus(node, hello)
@@ -93,20 +91,36 @@ class Welcome:
 def welcome_node(node_id: int, hello: Hello) -> Welcome:
     """The database side of a hello in one trip to the database thread (three trips cost a reconnect wave
     of 1,000 hellos three queues behind the ingest flushes): the node read afresh (another server process
-    may have moved its watermark), the hello applied, the launches to restore."""
+    may have moved its watermark), the hello applied, the launches to restore. A digest-only hello whose
+    digest is not the stored one raises ProtocolError `full_hello_required` and changes nothing."""
     node = Node.objects.get(pk=node_id)
     moved = node.last_seen or node.created
-    gpu_ids = apply_hello(node, hello)
+    gpu_ids = resume_known(node, hello) if hello.digest_only else apply_hello(node, hello)
     return Welcome(node, gpu_ids, moved, deploy.desired_launches(node))
 
 
+def resume_known(node: Node, hello: Hello) -> dict[int, int]:
+    """A digest-only hello (a reconnect): the stored inventory stands, only the node row's own fields change."""
+    if not node.inventory_digest or hello.inventory_digest != node.inventory_digest:
+        raise ProtocolError(
+            "full_hello_required",
+            "the server does not hold the inventory of that digest for this node; send the full hello",
+        )
+    new_boot = _take_boot(node, hello)
+    _update_node_fields(node, hello, new_boot, RESUME_FIELDS)
+    return dict(node.gpus.values_list("index", "pk"))
+
+
+def _take_boot(node: Node, hello: Hello) -> bool:
+    """A new agent process (boot id) starts its sequence numbers again: the watermark goes back to 0."""
+    new_boot = hello.boot_id != node.boot_id
+    if new_boot:
+        node.boot_id, node.last_seq = hello.boot_id, 0
+    return new_boot
+
+
 def inventory_digest(hello: Hello) -> str:
-    inventory = {
-        "gpus": [g.model_dump() for g in hello.gpus],
-        "topology": hello.topology.model_dump() if hello.topology else None,
-        "models": [m.model_dump() for m in hello.models],
-    }
-    return hashlib.sha256(json.dumps(inventory, sort_keys=True).encode()).hexdigest()
+    return protocol.inventory_digest(hello)
 
 
 # What a hello writes of the node: never last_seq (another server process may be moving it for this node
@@ -124,9 +138,11 @@ HELLO_FIELDS = [
     "last_seen",
     "inventory_digest",
 ]
+# A digest-only hello leaves the inventory (digest, topology) as stored.
+RESUME_FIELDS = [name for name in HELLO_FIELDS if name not in ("topology", "inventory_digest")]
 
 
-def _update_node_fields(node: Node, hello: Hello, new_boot: bool) -> None:
+def _update_node_fields(node: Node, hello: Hello, new_boot: bool, fields: list[str]) -> None:
     node.hostname = hello.hostname
     node.simulated = hello.simulated
     node.gpu_source = hello.gpu_source
@@ -134,10 +150,9 @@ def _update_node_fields(node: Node, hello: Hello, new_boot: bool) -> None:
     node.driver_version = hello.driver_version
     node.cuda_version = hello.cuda_version
     node.interval_s = hello.interval_s
-    node.topology = hello.topology.model_dump() if hello.topology else None
     node.connected = True
     node.last_seen = timezone.now()
-    node.save(update_fields=HELLO_FIELDS + (["boot_id", "last_seq"] if new_boot else []))
+    node.save(update_fields=fields + (["boot_id", "last_seq"] if new_boot else []))
 
 
 def _sync_gpus(node: Node, hello: Hello) -> dict[int, int]:

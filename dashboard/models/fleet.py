@@ -85,6 +85,9 @@ def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+LAST_USED_STEP = timedelta(minutes=1)  # an agent token's last_used is written at most this often
+
+
 class AgentToken(models.Model):
     """A node's credential. Only its SHA-256 is stored; the token itself is shown once, at creation."""
 
@@ -131,10 +134,17 @@ class AgentToken(models.Model):
         """The valid, unrevoked token row (with its node), or None."""
         if not plaintext or len(plaintext) > 200:
             return None
-        row = cls.objects.select_related("node").filter(digest=_digest(plaintext), revoked=None).first()
+        # One indexed read per connect, so a revocation counts from the next connect on (nothing is cached).
+        # The node's topology (the largest column, JSON) is not needed to connect: the hello reads the node.
+        found = cls.objects.select_related("node").defer("node__topology")
+        row = found.filter(digest=_digest(plaintext), revoked=None).first()
         if row is None:
             return None
-        cls.objects.filter(pk=row.pk).update(last_used=timezone.now())
+        now = timezone.now()
+        if row.last_used is None or now - row.last_used >= LAST_USED_STEP:
+            # A write per connect was a database write per agent in a reconnect wave; a minute's precision will do.
+            cls.objects.filter(pk=row.pk).update(last_used=now)
+            row.last_used = now
         return row
 
     def revoke(self) -> None:

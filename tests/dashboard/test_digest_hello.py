@@ -1,0 +1,202 @@
+"""A known node's reconnect (issue #13, restart storms): the digest-only hello, the full hello the server asks
+for when it does not hold that inventory, and the token check done once per connect (revocation at once)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from channels.db import database_sync_to_async
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from agents import protocol
+from agents.gpus import make_source
+from agents.runner import Agent
+from dashboard import ingest
+from dashboard.models import AgentToken, Gpu, Link, Node
+from tests.agent_socket import (  # noqa: F401 (autouse fixtures)
+    close_the_consumers_connection,
+    connect,
+    counts,
+    hello,
+    in_memory_layer,
+    make_node,
+    samples,
+    say,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+OTHER_DIGEST = "0" * 64
+
+
+def digest_only(digest: str, boot: str = "boot-0001", **changes) -> dict:
+    frame = {key: value for key, value in hello(boot=boot).items() if key not in ("gpus", "topology")}
+    return {**frame, "inventory_digest": digest, **changes}
+
+
+@database_sync_to_async
+def node_state(name: str = "a30-seed") -> dict:
+    """Everything a hello may write: the node row, its GPUs and links."""
+    node = Node.objects.get(name=name)
+    row = {f.attname: getattr(node, f.attname) for f in Node._meta.concrete_fields}
+    gpus = list(Gpu.objects.filter(node=node).order_by("index").values())
+    return {"node": row, "gpus": gpus, "links": list(Link.objects.filter(node=node).values())}
+
+
+async def welcomed_node(token: str) -> dict:
+    comm = await connect(token)
+    welcome = await say(comm, hello())
+    await comm.disconnect()
+    return welcome
+
+
+async def test_it_welcomes_a_digest_only_hello_of_a_known_node_and_takes_its_samples():
+    token = await make_node()
+    first = await welcomed_node(token)
+    assert first["inventory_digest"] == ingest.inventory_digest(protocol.Hello(**hello()))
+    before = await node_state()
+    comm = await connect(token)
+    welcome = await say(comm, digest_only(first["inventory_digest"], hostname="renamed"))
+    assert welcome["type"] == "welcome" and welcome["inventory_digest"] == first["inventory_digest"]
+    await comm.send_to(text_data=json.dumps(samples(1)))
+    assert json.loads(await comm.receive_from(timeout=5)) == {"type": "ack", "v": 1, "seq": 1}
+    after = await node_state()
+    assert after["gpus"] == before["gpus"] and after["links"] == before["links"]
+    assert after["node"]["topology"] == before["node"]["topology"] and after["node"]["hostname"] == "renamed"
+    assert await counts() == (2, 0)
+    await comm.disconnect()
+
+
+async def test_it_asks_for_the_full_hello_when_the_digest_is_not_the_stored_one():
+    token = await make_node()
+    await welcomed_node(token)
+    before = await node_state()
+    comm = await connect(token)
+    reply = await say(comm, digest_only(OTHER_DIGEST, boot="boot-0002", hostname="elsewhere"))
+    assert reply["type"] == "error" and reply["code"] == "full_hello_required", reply
+    assert await node_state() == before  # the refused hello changed nothing, not even the boot id
+    welcome = await say(comm, hello(boot="boot-0002"))  # the full hello on the same connection
+    assert welcome["type"] == "welcome" and welcome["last_seq"] == 0
+    await comm.disconnect()
+
+
+async def test_it_asks_for_the_full_hello_of_a_node_it_never_had_an_inventory_of():
+    comm = await connect(await make_node())
+    digest = ingest.inventory_digest(protocol.Hello(**hello()))
+    reply = await say(comm, digest_only(digest))
+    assert reply["code"] == "full_hello_required"
+    assert (await node_state())["node"]["inventory_digest"] == ""
+    await comm.disconnect()
+
+
+@pytest.mark.parametrize(
+    ("frame", "says"),
+    [
+        (digest_only("ABC"), "inventory_digest: String should match pattern"),
+        (digest_only("a" * 63), "inventory_digest: String should match pattern"),
+        (digest_only(OTHER_DIGEST) | {"gpus": hello()["gpus"]}, "only for a digest-only hello"),
+        (digest_only(OTHER_DIGEST) | {"topology": hello()["topology"]}, "only for a digest-only hello"),
+        (
+            {k: v for k, v in digest_only(OTHER_DIGEST).items() if k != "inventory_digest"},
+            "needs either gpus",
+        ),
+        (digest_only(12345), "inventory_digest: Input should be a valid string"),
+    ],
+)
+async def test_it_refuses_a_malformed_digest_hello_clearly_and_changes_nothing(frame, says):
+    token = await make_node()
+    await welcomed_node(token)
+    before = await node_state()
+    comm = await connect(token)
+    reply = await say(comm, frame)
+    assert reply["type"] == "error" and reply["code"] == "invalid" and says in reply["message"], reply
+    assert await node_state() == before
+    await comm.send_to(text_data=json.dumps(samples(1)))  # still no hello: nothing is taken
+    assert json.loads(await comm.receive_from(timeout=5))["code"] == "hello_required"
+    await comm.disconnect()
+
+
+async def test_it_still_welcomes_an_old_style_hello_without_the_digest():
+    token = await make_node()
+    welcome = await welcomed_node(token)
+    again = await welcomed_node(token)  # an older agent always sends the inventory
+    assert welcome["type"] == again["type"] == "welcome"
+    assert (await node_state())["node"]["inventory_digest"] == welcome["inventory_digest"]
+
+
+async def test_it_refuses_a_revoked_token_at_the_next_connect_after_a_welcome():
+    token = await make_node()
+    await welcomed_node(token)
+    await database_sync_to_async(lambda: AgentToken.objects.get().revoke())()
+    comm = await connect(token)
+    reply = json.loads(await comm.receive_from(timeout=5))
+    assert reply["code"] == "unauthorized"
+    assert (await comm.receive_output(timeout=5))["code"] == protocol.CLOSE_UNAUTHORIZED
+
+
+async def test_it_checks_a_token_in_one_read_and_writes_last_used_at_most_once_a_minute():
+    await database_sync_to_async(check_token_queries)()
+
+
+def check_token_queries() -> None:
+    node = Node.objects.create(name="n1", topology={"gpus": [{"name": f"GPU{i}"} for i in range(8)]})
+    row, token = AgentToken.issue(node)
+    assert AgentToken.authenticate_token(token).pk == row.pk  # first use: last_used written
+    with CaptureQueriesContext(connection) as queries:
+        found = AgentToken.authenticate_token(token)
+    assert found.node.name == "n1" and len(queries) == 1
+    assert "topology" not in queries[0]["sql"]  # the node's largest column is not read to connect
+    row.revoke()
+    with CaptureQueriesContext(connection) as queries:
+        assert AgentToken.authenticate_token(token) is None
+    assert len(queries) == 1
+
+
+class CommSocket:
+    """The agent's view of a websocket (send, recv) on an in-process connection to the real consumer,
+    keeping the frames the agent sent."""
+
+    def __init__(self, comm) -> None:
+        self.comm, self.sent = comm, []
+
+    async def send(self, text: str) -> None:
+        self.sent.append(json.loads(text))
+        await self.comm.send_to(text_data=text)
+
+    async def recv(self) -> str:
+        return await self.comm.receive_from(timeout=5)
+
+
+async def agent_session(agent: Agent, token: str) -> list[dict]:
+    socket = CommSocket(await connect(token))
+    assert (await agent.say_hello(socket))["type"] == "welcome"
+    await socket.comm.disconnect()
+    return socket.sent
+
+
+async def test_it_sends_a_digest_only_hello_on_reconnect_and_the_full_one_when_asked():
+    token = await make_node()
+    agent = Agent("http://127.0.0.1:1", token, make_source("sim:a30x4"))
+    first = await agent_session(agent, token)
+    assert len(first) == 1 and len(first[0]["gpus"]) == 4 and "inventory_digest" not in first[0]
+    second = await agent_session(agent, token)
+    assert len(second) == 1 and second[0]["inventory_digest"] == agent.welcomed_inventory[1]
+    assert not {"gpus", "topology", "models"} & set(second[0])
+    await database_sync_to_async(lambda: Node.objects.update(inventory_digest=OTHER_DIGEST))()
+    third = await agent_session(agent, token)  # the server lost it: asked, then the full hello
+    assert [("gpus" in frame, "inventory_digest" in frame) for frame in third] == [
+        (False, True),
+        (True, False),
+    ]
+    assert (await node_state())["node"]["inventory_digest"] == agent.welcomed_inventory[1] != OTHER_DIGEST
+
+
+async def test_it_sends_the_full_hello_when_its_inventory_changed_since_the_welcome():
+    token = await make_node()
+    agent = Agent("http://127.0.0.1:1", token, make_source("sim:a30x4"))
+    await agent_session(agent, token)
+    agent.source = make_source("sim:rtx4090x2")
+    sent = await agent_session(agent, token)
+    assert len(sent) == 1 and len(sent[0]["gpus"]) == 2
+    assert len((await node_state())["gpus"]) == 2
