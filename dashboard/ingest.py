@@ -66,12 +66,12 @@ def apply_hello(node: Node, hello: Hello) -> dict[int, int]:
     digest = inventory_digest(hello)
     with transaction.atomic():
         new_boot = _take_boot(node, hello)
-        unchanged = digest == node.inventory_digest
+        if digest == node.inventory_digest:  # unchanged, from an agent that sends no digest-only hellos
+            _update_node_fields(node, hello, new_boot, RESUME_FIELDS)
+            return dict(node.gpus.values_list("index", "pk"))
         node.inventory_digest = digest
         node.topology = hello.topology.model_dump() if hello.topology else None
         _update_node_fields(node, hello, new_boot, HELLO_FIELDS)
-        if unchanged:
-            return dict(node.gpus.values_list("index", "pk"))
         gpu_ids = _sync_gpus(node, hello)
         _sync_links(node, hello)
         sync_node_models(node, hello)
@@ -93,7 +93,8 @@ def welcome_node(node_id: int, hello: Hello) -> Welcome:
     of 1,000 hellos three queues behind the ingest flushes): the node read afresh (another server process
     may have moved its watermark), the hello applied, the launches to restore. A digest-only hello whose
     digest is not the stored one raises ProtocolError `full_hello_required` and changes nothing."""
-    node = Node.objects.get(pk=node_id)
+    # Without the topology, the largest column: only a changed inventory sets it, nothing here reads it.
+    node = Node.objects.defer("topology").get(pk=node_id)
     moved = node.last_seen or node.created
     gpu_ids = resume_known(node, hello) if hello.digest_only else apply_hello(node, hello)
     return Welcome(node, gpu_ids, moved, deploy.desired_launches(node))
