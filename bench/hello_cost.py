@@ -7,7 +7,8 @@ A fresh SQLite database with `--nodes` nodes, each welcomed once with the full h
 as after a restart, twice over: with the full hello (what an agent sends when it has no digest, or an older
 agent) and with the digest-only hello. Per hello, the CPU time (`time.process_time`, median over the nodes)
 of: the token check (`AgentToken.authenticate_token`), parsing the frame (`protocol.parse_agent_message`),
-the database side (`ingest.welcome_node`), and their sum. Nothing else runs in the process.
+the database side (`ingest.welcome_node`), and their sum; and per digest-only hello parsed and applied in
+batches of 8 and 100 (`ingest.welcome_nodes`). Nothing else runs in the process.
 """
 
 from __future__ import annotations
@@ -77,6 +78,20 @@ def digest_only_hellos(issued: list, frames: list[str]) -> tuple[list[dict[str, 
     return [one_hello(row.node_id, token, f) for (row, token), f in zip(issued, short, strict=True)], short
 
 
+def batched(issued: list, frames: list[str], size: int) -> float | None:
+    """CPU per digest-only hello (parse and database side) when `ingest.welcome_nodes` takes `size` at once."""
+    from agents import protocol
+    from dashboard import ingest
+
+    if not hasattr(ingest, "welcome_nodes") or not frames:
+        return None
+    began = time.process_time()
+    for at in range(0, len(frames), size):
+        chunk = zip(issued[at : at + size], frames[at : at + size], strict=True)
+        ingest.welcome_nodes([(row.node_id, protocol.parse_agent_message(f)) for (row, _), f in chunk])
+    return round((time.process_time() - began) * 1000 / len(frames), 2)
+
+
 def run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="lc-bench-hello-") as tmp:
         setup_django(Path(tmp) / "bench.sqlite3")
@@ -87,6 +102,7 @@ def run(args: argparse.Namespace) -> dict:
         first = [one_hello(row.node_id, token, f) for (row, token), f in zip(issued, frames, strict=True)]
         full = [one_hello(row.node_id, token, f) for (row, token), f in zip(issued, frames, strict=True)]
         resumed, short = digest_only_hellos(issued, frames)
+        in_batches = {size: batched(issued, short, size) for size in (8, 100)}
     return {
         "nodes": args.nodes,
         "gpus_per_node": args.gpus,
@@ -94,6 +110,7 @@ def run(args: argparse.Namespace) -> dict:
         "first_hello": medians(first),
         "known_full_hello": medians(full),
         "known_digest_only_hello": medians(resumed) if resumed else None,  # None: code without them
+        "digest_only_batched_ms": in_batches,  # CPU per hello, parse + database, batches of 8 and 100
         "versions": versions(),
     }
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -38,3 +39,36 @@ class HelloGate:
     async def turn(self) -> AsyncIterator[None]:
         async with self._turns:
             yield
+
+
+@dataclass
+class HelloBatcher:
+    """Hellos worked on together: while one batch is in the database thread, the hellos that arrive meanwhile
+    wait and go as the next batch (at most `most`), one trip and one transaction (`run`: ingest.welcome_nodes
+    from the database thread). A lone hello goes at once. Each caller gets its own outcome or exception."""
+
+    run: Callable[[list[tuple[int, Any]]], Awaitable[list[Any]]]
+    most: int = 100
+    queue: list[tuple[int, Any, asyncio.Future]] = field(default_factory=list)
+    _worker: asyncio.Task | None = None
+
+    async def welcome(self, node_id: int, hello: Any) -> Any:
+        future = asyncio.get_running_loop().create_future()
+        self.queue.append((node_id, hello, future))
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.get_running_loop().create_task(self._drain())
+        outcome = await future
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    async def _drain(self) -> None:
+        while self.queue:
+            batch, self.queue = self.queue[: self.most], self.queue[self.most :]
+            try:
+                outcomes = await self.run([(node_id, hello) for node_id, hello, _ in batch])
+            except Exception as exc:  # noqa: BLE001 (every waiting hello is told, whatever went wrong)
+                outcomes = [exc] * len(batch)
+            for (_, _, future), outcome in zip(batch, outcomes, strict=True):
+                if not future.done():  # its connection may have closed meanwhile
+                    future.set_result(outcome)

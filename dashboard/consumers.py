@@ -43,6 +43,9 @@ _buffers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ingest.IngestBuff
 _gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, admission.HelloGate] = (
     weakref.WeakKeyDictionary()
 )
+_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, admission.HelloBatcher] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def ingest_buffer() -> ingest.IngestBuffer:
@@ -62,6 +65,14 @@ def hello_gate() -> admission.HelloGate:
     if loop not in _gates:
         _gates[loop] = admission.HelloGate(settings.HELLO_CONCURRENT)
     return _gates[loop]
+
+
+def hello_batcher() -> admission.HelloBatcher:
+    """This process's (event loop's) batches of hellos for the database thread."""
+    loop = asyncio.get_running_loop()
+    if loop not in _batchers:
+        _batchers[loop] = admission.HelloBatcher(database_sync_to_async(ingest.welcome_nodes))
+    return _batchers[loop]
 
 
 def bearer_token(scope: dict) -> str:
@@ -200,7 +211,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if buffer.holds(self.node.pk):  # what an earlier connection of this agent still has in flight
             await buffer.flush()  # (only then: after a restart, 1,000 hellos were 1,000 early flushes)
         try:
-            return await database_sync_to_async(ingest.welcome_node)(self.node.pk, message)
+            return await hello_batcher().welcome(self.node.pk, message)
         except protocol.ProtocolError:
             raise  # full_hello_required: the agent sends its inventory on this connection
         except (DatabaseError, *ingest.REFUSALS) as exc:

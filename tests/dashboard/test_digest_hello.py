@@ -200,3 +200,62 @@ async def test_it_sends_the_full_hello_when_its_inventory_changed_since_the_welc
     sent = await agent_session(agent, token)
     assert len(sent) == 1 and len(sent[0]["gpus"]) == 2
     assert len((await node_state())["gpus"]) == 2
+
+
+def batch_fleet(count: int) -> tuple[list[int], list[dict]]:
+    """`count` nodes, each welcomed once with a full hello (2 GPUs): their ids and digest-only hellos."""
+    nodes = [Node.objects.create(name=f"batch-{i}") for i in range(count)]
+    frames = [hello(boot=f"boot-{i:04d}") for i in range(count)]
+    for node, frame in zip(nodes, frames, strict=True):
+        ingest.welcome_node(node.pk, protocol.Hello(**frame))
+    digests = [Node.objects.get(pk=node.pk).inventory_digest for node in nodes]
+    return [n.pk for n in nodes], [
+        digest_only(d, boot=f["boot_id"]) for d, f in zip(digests, frames, strict=True)
+    ]
+
+
+def welcome_batch(ids: list[int], frames: list[dict]) -> list:
+    return ingest.welcome_nodes(
+        [(pk, protocol.Hello(**frame)) for pk, frame in zip(ids, frames, strict=True)]
+    )
+
+
+async def test_it_welcomes_a_batch_of_digest_only_hellos_in_queries_that_do_not_grow_with_it():
+    await database_sync_to_async(check_batch_queries)()
+
+
+def check_batch_queries() -> None:
+    ids, frames = batch_fleet(12)
+    with CaptureQueriesContext(connection) as few:
+        welcome_batch(ids[:2], frames[:2])
+    with CaptureQueriesContext(connection) as many:
+        outcomes = welcome_batch(ids[2:], frames[2:])
+    assert len(many) == len(few) <= 8, [q["sql"][:80] for q in many]
+    assert [w.node.pk for w in outcomes] == ids[2:] and all(len(w.gpu_ids) == 2 for w in outcomes)
+    stored = Node.objects.filter(pk__in=ids).values_list("connected", "inventory_digest")
+    assert all(connected and digest for connected, digest in stored)
+
+
+async def test_it_gives_each_hello_of_a_mixed_batch_its_own_outcome():
+    await database_sync_to_async(check_mixed_batch)()
+
+
+def check_mixed_batch() -> None:
+    ids, frames = batch_fleet(3)
+    before = Node.objects.get(pk=ids[1]).boot_id
+    frames[1] = digest_only(OTHER_DIGEST, boot="boot-new")  # the server holds another inventory
+    frames[2] = hello(boot="boot-0002")  # a full hello
+    outcomes = welcome_batch([*ids, 999_999], [*frames, frames[0]])
+    assert isinstance(outcomes[0], ingest.Welcome) and isinstance(outcomes[2], ingest.Welcome)
+    assert outcomes[1].code == "full_hello_required" and Node.objects.get(pk=ids[1]).boot_id == before
+    assert isinstance(outcomes[3], Node.DoesNotExist)
+
+
+async def test_it_applies_each_hello_alone_when_the_batch_fails(monkeypatch):
+    from django.db import OperationalError
+
+    def broken(hellos):
+        raise OperationalError("database is locked")
+
+    monkeypatch.setattr(ingest, "_welcome_batch", broken)
+    await database_sync_to_async(check_mixed_batch)()
