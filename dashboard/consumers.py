@@ -43,7 +43,10 @@ _buffers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ingest.IngestBuff
 _gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, admission.HelloGate] = (
     weakref.WeakKeyDictionary()
 )
-_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, admission.HelloBatcher] = (
+_hello_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, admission.Batcher] = (
+    weakref.WeakKeyDictionary()
+)
+_token_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, admission.Batcher] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -67,12 +70,20 @@ def hello_gate() -> admission.HelloGate:
     return _gates[loop]
 
 
-def hello_batcher() -> admission.HelloBatcher:
-    """This process's (event loop's) batches of hellos for the database thread."""
+def hello_batcher() -> admission.Batcher:
+    """This process's (event loop's) batches of hellos for the database thread: (node id, hello) in."""
     loop = asyncio.get_running_loop()
-    if loop not in _batchers:
-        _batchers[loop] = admission.HelloBatcher(database_sync_to_async(ingest.welcome_nodes))
-    return _batchers[loop]
+    if loop not in _hello_batchers:
+        _hello_batchers[loop] = admission.Batcher(database_sync_to_async(ingest.welcome_nodes))
+    return _hello_batchers[loop]
+
+
+def token_batcher() -> admission.Batcher:
+    """This process's batches of agent token checks: the bearer token in, its AgentToken row or None out."""
+    loop = asyncio.get_running_loop()
+    if loop not in _token_batchers:
+        _token_batchers[loop] = admission.Batcher(database_sync_to_async(AgentToken.authenticate_tokens))
+    return _token_batchers[loop]
 
 
 def bearer_token(scope: dict) -> str:
@@ -100,7 +111,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         LIVE.socket_opened("agent")
         hello_gate().admit()
         self.queued = True
-        token = await database_sync_to_async(AgentToken.authenticate_token)(bearer_token(self.scope))
+        token = await token_batcher().do(bearer_token(self.scope))
         if token is None:
             await self.send(protocol.error("unauthorized", "unknown or revoked agent token"))
             await self.close(protocol.CLOSE_UNAUTHORIZED)
@@ -211,7 +222,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if buffer.holds(self.node.pk):  # what an earlier connection of this agent still has in flight
             await buffer.flush()  # (only then: after a restart, 1,000 hellos were 1,000 early flushes)
         try:
-            return await hello_batcher().welcome(self.node.pk, message)
+            return await hello_batcher().do((self.node.pk, message))
         except protocol.ProtocolError:
             raise  # full_hello_required: the agent sends its inventory on this connection
         except (DatabaseError, *ingest.REFUSALS) as exc:

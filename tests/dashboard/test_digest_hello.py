@@ -259,3 +259,37 @@ async def test_it_applies_each_hello_alone_when_the_batch_fails(monkeypatch):
 
     monkeypatch.setattr(ingest, "_welcome_batch", broken)
     await database_sync_to_async(check_mixed_batch)()
+
+
+async def test_it_checks_a_wave_of_tokens_in_one_read_each_answer_its_own():
+    await database_sync_to_async(check_token_wave)()
+
+
+def check_token_wave() -> None:
+    issued = [AgentToken.issue(Node.objects.create(name=f"w{i}")) for i in range(3)]
+    issued[1][0].revoke()
+    presented = [issued[0][1], issued[1][1], "", "lc_" + "x" * 300, "lc_unknown", issued[2][1]]
+    with CaptureQueriesContext(connection) as queries:
+        rows = AgentToken.authenticate_tokens(presented)
+    assert [row.node.name if row else None for row in rows] == ["w0", None, None, None, None, "w2"]
+    assert len(queries) == 2  # the read, and last_used of the two first used now
+
+
+async def test_it_batches_what_arrives_while_a_batch_runs_and_answers_each_caller():
+    import asyncio
+
+    from dashboard.admission import Batcher
+
+    batches = []
+
+    async def run(items):
+        batches.append(list(items))
+        await asyncio.sleep(0.05)
+        return [ValueError(f"bad {i}") if i == 3 else i * 10 for i in items]
+
+    batcher = Batcher(run, most=3)
+    first = asyncio.create_task(batcher.do(0))
+    await asyncio.sleep(0.01)  # its batch is running: the next ones gather meanwhile
+    outcomes = await asyncio.gather(*(batcher.do(i) for i in range(1, 6)), return_exceptions=True)
+    assert batches == [[0], [1, 2, 3], [4, 5]] and await first == 0
+    assert outcomes[:2] == [10, 20] and str(outcomes[2]) == "bad 3" and outcomes[3:] == [40, 50]
