@@ -6,6 +6,7 @@ incoming frame with `parse_agent_message` before it stores anything.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Annotated, Literal
 
@@ -143,7 +144,15 @@ class Sequenced(Envelope):
     t: Timestamp
 
 
+InventoryDigest = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]  # SHA-256, lower-case hex
+
+
 class Hello(Envelope):
+    """Who the agent is and what its node has. Full: `gpus` (and the topology and models), the inventory.
+    Digest-only (issue #13, a reconnect wave): no inventory, only `inventory_digest`, the digest a welcome of
+    this server gave for the inventory the agent sent before; the server compares it with the stored one and
+    answers `full_hello_required` when they differ. A full hello may not carry a digest: the server computes it."""
+
     type: Literal["hello"]
     agent_version: Name
     hostname: Name
@@ -153,11 +162,22 @@ class Hello(Envelope):
     simulated: bool
     driver_version: Annotated[str, Field(max_length=MAX_VERSION_CHARS)] = ""
     cuda_version: Annotated[str, Field(max_length=MAX_VERSION_CHARS)] = ""
-    gpus: Annotated[list[GpuInfo], Field(max_length=64)]
+    gpus: Annotated[list[GpuInfo], Field(max_length=64)] | None = None
     topology: Topology | None = None
     models: Annotated[list[LocalModel], Field(max_length=MAX_NODE_MODELS)] = []
     # Older agents send no `engines`: the node then reports no engine version.
     engines: Annotated[list[EngineVersion], Field(max_length=MAX_NODE_ENGINES)] = []
+    inventory_digest: InventoryDigest | None = None
+
+    @model_validator(mode="after")
+    def _inventory_or_digest(self) -> Hello:
+        if self.inventory_digest is None and self.gpus is None:
+            raise ValueError("a hello needs either gpus (the inventory) or inventory_digest (digest-only)")
+        if self.inventory_digest is not None and (self.gpus is not None or self.topology or self.models):
+            raise ValueError(
+                "inventory_digest is only for a digest-only hello: no gpus, topology or models with it"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_entry_per_engine(self) -> Hello:
@@ -165,6 +185,30 @@ class Hello(Envelope):
         if len(set(names)) != len(names):
             raise ValueError(f"engines lists a backend twice: {names}")
         return self
+
+    @property
+    def digest_only(self) -> bool:
+        return self.inventory_digest is not None
+
+    def inventory(self) -> tuple:
+        """What the inventory digest covers, comparable (the agent: did it change since its last welcome?)."""
+        return (self.gpus, self.topology, self.models)
+
+    def without_inventory(self, digest: str) -> Hello:
+        """This hello as a digest-only one."""
+        return self.model_copy(
+            update={"gpus": None, "topology": None, "models": [], "inventory_digest": digest}
+        )
+
+
+def inventory_digest(hello: Hello) -> str:
+    """The digest of a full hello's inventory (GPUs, topology, models), as the server stores and welcomes it."""
+    inventory = {
+        "gpus": [g.model_dump() for g in hello.gpus or []],
+        "topology": hello.topology.model_dump() if hello.topology else None,
+        "models": [m.model_dump() for m in hello.models],
+    }
+    return hashlib.sha256(json.dumps(inventory, sort_keys=True).encode()).hexdigest()
 
 
 class GpuProcess(Strict):
@@ -513,9 +557,21 @@ def ack(seq: int) -> str:
     return json.dumps({"type": "ack", "v": VERSION, "seq": seq})
 
 
-def welcome(node: str, last_seq: int) -> str:
-    """The answer to hello: which node the token names and the highest sequence number already stored."""
-    return json.dumps({"type": "welcome", "v": VERSION, "node": node, "last_seq": last_seq})
+def welcome(node: str, last_seq: int, digest: str = "") -> str:
+    """The answer to hello: which node the token names and the highest sequence number already stored, and the
+    stored inventory's digest (an agent whose inventory has not changed since may send a digest-only hello)."""
+    frame = {"type": "welcome", "v": VERSION, "node": node, "last_seq": last_seq}
+    if digest:
+        frame["inventory_digest"] = digest
+    return json.dumps(frame)
+
+
+def welcomed_digest(reply: dict) -> str | None:
+    """The inventory digest a welcome carries, if it is one (an older server sends none)."""
+    digest = reply.get("inventory_digest")
+    if isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
+        return digest
+    return None
 
 
 def error(code: str, message: str, seq: int | None = None) -> str:
@@ -552,3 +608,11 @@ def retry_after(reply: dict) -> float | None:
 
 def dump(message: Strict) -> str:
     return message.model_dump_json(exclude_defaults=False)
+
+
+def dump_hello(hello: Hello) -> str:
+    """A hello as sent: a full one without the digest field (servers before digest-only hellos refuse any
+    field they do not know), a digest-only one without the inventory fields."""
+    if hello.digest_only:
+        return hello.model_dump_json(exclude={"gpus", "topology", "models"})
+    return hello.model_dump_json(exclude={"inventory_digest"})

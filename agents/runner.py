@@ -45,6 +45,10 @@ class ServerBusy(RuntimeError):
         self.retry_after = retry_after
 
 
+class FullHelloRequired(RuntimeError):
+    """The server does not hold the inventory a digest-only hello named: send the full hello."""
+
+
 @dataclass
 class Backoff:
     """Exponential backoff with full jitter, reset after a connection that worked.
@@ -145,6 +149,8 @@ class Agent:
         self.launches: dict[str, protocol.Launch] = {}
         self.generated: dict[str, float] = {}
         self.engines: list[protocol.EngineVersion] = []  # what `refresh_engines` found, for the hello
+        # The inventory the server last welcomed, with the digest it gave: the next hello may be digest-only.
+        self.welcomed_inventory: tuple[tuple, str] | None = None
 
     def open_disk_outbox(self, capacity: int) -> Outbox:
         if self.run_dir is None:
@@ -167,7 +173,10 @@ class Agent:
         return base + "/ws/agent/"
 
     def hello(self) -> str:
-        message = protocol.Hello(
+        return protocol.dump_hello(self.hello_message())
+
+    def hello_message(self) -> protocol.Hello:
+        return protocol.Hello(
             type="hello",
             v=protocol.VERSION,
             agent_version=__version__,
@@ -183,7 +192,6 @@ class Agent:
             models=scan_model_dirs(self.model_dirs),
             engines=self.engines,
         )
-        return protocol.dump(message)
 
     async def refresh_engines(self) -> None:
         """The installed engines' versions for the next hello, probed at most every RECHECK_S per process (in a
@@ -319,10 +327,7 @@ class Agent:
         async with websockets.connect(
             self.ws_url(), additional_headers=headers, open_timeout=10, max_size=protocol.MAX_FRAME_BYTES
         ) as ws:
-            # A server that turned us away at once (busy) said why first: the reply is still there to read.
-            with contextlib.suppress(websockets.ConnectionClosed):
-                await ws.send(self.hello())
-            welcome = await self.expect_welcome(ws)
+            welcome = await self.say_hello(ws)
             backoff.reset()
             self.outbox.ack(welcome["last_seq"])
             log.info("connected as %s; replaying %d frames", welcome["node"], len(self.outbox.frames))
@@ -335,8 +340,34 @@ class Agent:
                 self.ws = None
                 backoff.lost()
 
+    async def say_hello(self, ws) -> dict:
+        """Hello and its welcome. Digest-only when the inventory is the one a welcome gave a digest for (a
+        reconnect: the server skips parsing and storing it); the full hello if the server asks for it."""
+        hello = self.hello_message()
+        known = self.welcomed_inventory
+        if known is not None and known[0] == hello.inventory():
+            try:
+                return self.welcomed(hello, await self.send_hello(ws, hello.without_inventory(known[1])))
+            except FullHelloRequired as exc:
+                log.info("the server asks for the full hello: %s", exc)
+        return self.welcomed(hello, await self.send_hello(ws, hello))
+
+    async def send_hello(self, ws, hello: protocol.Hello) -> dict:
+        # A server that turned us away at once (busy) said why first: the reply is still there to read.
+        with contextlib.suppress(websockets.ConnectionClosed):
+            await ws.send(protocol.dump_hello(hello))
+        return await self.expect_welcome(ws)
+
+    def welcomed(self, hello: protocol.Hello, welcome: dict) -> dict:
+        """Remember the inventory the server now holds, with its digest, for the next connection's hello."""
+        digest = protocol.welcomed_digest(welcome)
+        self.welcomed_inventory = (hello.inventory(), digest) if digest else None
+        return welcome
+
     async def expect_welcome(self, ws) -> dict:
         reply = json.loads(await asyncio.wait_for(ws.recv(), timeout=30))
+        if reply.get("type") == "error" and reply.get("code") == "full_hello_required":
+            raise FullHelloRequired(str(reply.get("message")))
         if reply.get("type") == "error" and reply.get("code") == "unauthorized":
             raise AgentRejected(f"server refused the token: {reply.get('message')}")
         if reply.get("type") == "error" and reply.get("code") == "busy":

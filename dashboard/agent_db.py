@@ -1,10 +1,10 @@
 """The agents' database thread: one thread of this server process, with its own database connection, for
 everything the agent endpoint stores or reads (ingest flushes, hellos, tokens, answers).
 
-Django runs every sync view (and channels' `database_sync_to_async`) on asgiref's one thread-sensitive thread.
-With 1,000 agents that thread was busy storing 8,000 samples a second and the hellos of a reconnect wave, and a
-login page waited behind it for seconds (bench/README.md, "Full stack"). The agents' work comes here instead,
-so pages keep asgiref's thread to themselves. One thread, not a pool: the agent path relies on its database
+Channels' `database_sync_to_async` (and the check channels runs before every websocket message) use asgiref's
+one process-wide thread-sensitive thread; Django's own views get a thread per request. With 1,000 agents that one
+thread stored 8,000 samples a second and the hellos of a reconnect wave, and every browser socket's message
+queued behind it. The agents' work comes here instead, so the browsers' sockets keep asgiref's thread. One thread, not a pool: the agent path relies on its database
 calls running one at a time and in the order they were made (a hello after the flush of what its connection
 still held; one flush at a time moving the watermarks; and SQLite has one writer anyway).
 

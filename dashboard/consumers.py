@@ -45,6 +45,12 @@ _buffers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ingest.IngestBuff
 _gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, admission.HelloGate] = (
     weakref.WeakKeyDictionary()
 )
+_hello_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, admission.Batcher] = (
+    weakref.WeakKeyDictionary()
+)
+_token_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, admission.Batcher] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def ingest_buffer() -> ingest.IngestBuffer:
@@ -64,6 +70,22 @@ def hello_gate() -> admission.HelloGate:
     if loop not in _gates:
         _gates[loop] = admission.HelloGate(settings.HELLO_CONCURRENT)
     return _gates[loop]
+
+
+def hello_batcher() -> admission.Batcher:
+    """This process's (event loop's) batches of hellos for the database thread: (node id, hello) in."""
+    loop = asyncio.get_running_loop()
+    if loop not in _hello_batchers:
+        _hello_batchers[loop] = admission.Batcher(agent_database(ingest.welcome_nodes))
+    return _hello_batchers[loop]
+
+
+def token_batcher() -> admission.Batcher:
+    """This process's batches of agent token checks: the bearer token in, its AgentToken row or None out."""
+    loop = asyncio.get_running_loop()
+    if loop not in _token_batchers:
+        _token_batchers[loop] = admission.Batcher(agent_database(AgentToken.authenticate_tokens))
+    return _token_batchers[loop]
 
 
 def bearer_token(scope: dict) -> str:
@@ -91,7 +113,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         LIVE.socket_opened("agent")
         hello_gate().admit()
         self.queued = True
-        token = await agent_database(AgentToken.authenticate_token)(bearer_token(self.scope))
+        token = await token_batcher().do(bearer_token(self.scope))
         if token is None:
             await self.send(protocol.error("unauthorized", "unknown or revoked agent token"))
             await self.close(protocol.CLOSE_UNAUTHORIZED)
@@ -193,7 +215,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.gpu_ids, self.accepted_seq, self.stored_seq = welcome.gpu_ids, node.last_seq, node.last_seq
         LIVE.agent_online(node.pk)
         self.accepted_at = welcome.watermark_moved.timestamp()
-        await self.send(protocol.welcome(node.name, node.last_seq))
+        await self.send(protocol.welcome(node.name, node.last_seq, node.inventory_digest))
         for frame in welcome.launches:
             await self.send(frame)  # the agent launches idempotently: this only restores what it lost
         await announce_node(node.pk, node.name, NodeStatus.ONLINE)
@@ -203,7 +225,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if buffer.holds(self.node.pk):  # what an earlier connection of this agent still has in flight
             await buffer.flush()  # (only then: after a restart, 1,000 hellos were 1,000 early flushes)
         try:
-            return await agent_database(ingest.welcome_node)(self.node.pk, message)
+            return await hello_batcher().do((self.node.pk, message))
+        except protocol.ProtocolError:
+            raise  # full_hello_required: the agent sends its inventory on this connection
         except (DatabaseError, *ingest.REFUSALS) as exc:
             raise protocol.ProtocolError(
                 "hello_refused", f"the server could not store this hello: {exc}"

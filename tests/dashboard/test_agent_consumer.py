@@ -6,6 +6,7 @@ import json
 import pytest
 from channels.db import database_sync_to_async
 
+from agents.protocol import Hello, inventory_digest
 from dashboard.models import AgentToken, LogChunk, Node
 from tests.agent_socket import (  # noqa: F401 (autouse fixtures)
     T0,
@@ -41,7 +42,14 @@ async def test_it_refuses_a_revoked_token():
 async def test_it_stores_samples_after_hello_and_acks_them():
     comm = await connect(await make_node())
     welcome = await say(comm, hello())
-    assert welcome == {"type": "welcome", "v": 1, "node": "a30-seed", "last_seq": 0}
+    digest = inventory_digest(Hello(**hello()))  # what a digest-only hello may name from now on
+    assert welcome == {
+        "type": "welcome",
+        "v": 1,
+        "node": "a30-seed",
+        "last_seq": 0,
+        "inventory_digest": digest,
+    }
     assert await say(comm, samples(1)) == {"type": "ack", "v": 1, "seq": 1}
     assert await counts() == (2, 0)
     node = await database_sync_to_async(Node.objects.get)()
