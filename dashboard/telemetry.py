@@ -40,6 +40,7 @@ class Snapshot:
 
     readings: dict[int, Any]  # GPU id -> its newest stored row (ingest.SampleRow)
     sampled_at: dict[int, float]  # node id -> newest sample time (the agent's clock, unix seconds)
+    stored_at: dict[int, float]  # node id -> when this process last stored its samples (this server's clock)
     xid_events: dict[int, int]  # GPU id -> XID events stored since this process started
     last_xid: dict[int, int]  # GPU id -> the code of its most recent XID
     samples_stored: int
@@ -57,6 +58,7 @@ class LiveState:
     readings: dict[int, Any] = field(default_factory=dict)
     reading_t: dict[int, float] = field(default_factory=dict)
     sampled_at: dict[int, float] = field(default_factory=dict)
+    stored_at: dict[int, float] = field(default_factory=dict)
     xid_events: Counter[int] = field(default_factory=Counter)
     last_xid: dict[int, int] = field(default_factory=dict)
     samples_stored: int = 0
@@ -82,18 +84,19 @@ class LiveState:
             log.exception("live state for /metrics: a stored batch was not recorded")
 
     def _record(self, batch: list[StoredBatchItem]) -> None:
-        oldest = None
+        oldest, now = None, time.time()
         for item in batch:
             if not item.rows:
                 continue
             t = item.sampled_at
             oldest = t if oldest is None else min(oldest, t)
             self.sampled_at[item.node_id] = max(self.sampled_at.get(item.node_id, 0.0), t)
+            self.stored_at[item.node_id] = now
             self._keep_rows(item.rows, t)
             self.samples_stored += len(item.rows)
             self._count_xids(item.xids)
         if oldest is not None:
-            self.ingest_lag_s = max(0.0, time.time() - oldest)
+            self.ingest_lag_s = max(0.0, now - oldest)
 
     def _keep_rows(self, rows: list[Any], t: float) -> None:
         readings, reading_t = self.readings, self.reading_t
@@ -132,6 +135,7 @@ class LiveState:
         return Snapshot(
             readings=dict(self.readings),
             sampled_at=dict(self.sampled_at),
+            stored_at=dict(self.stored_at),
             xid_events=dict(self.xid_events),
             last_xid=dict(self.last_xid),
             samples_stored=self.samples_stored,

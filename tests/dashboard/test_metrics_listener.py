@@ -10,6 +10,7 @@ import socket
 import httpx
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from agents.sim.gpus import SimSource
@@ -53,6 +54,21 @@ def test_it_answers_a_token_with_the_families_of_the_live_state(live, listener):
     assert temps == {str(r.index): r.temp_c for r in readings}
     assert {"layercake_gpu_link_info", "layercake_node_status", "layercake_alerts_open"} <= set(families)
     assert live.scrapes == 1
+
+
+def test_it_leaves_out_readings_this_process_stopped_storing_while_the_node_is_online(live, listener):  # noqa: F811
+    """Several web processes: the node's agent moved to another one, which keeps it online in the database."""
+    source = SimSource("rtx4090x2")
+    node = Node.objects.create(name="rtx4090-box")
+    report(live, node, source, ingest.apply_hello(node, hello_of(source)), 1)
+    live.stored_at[node.pk] -= 3 * node.stale_after().total_seconds()
+    Node.objects.filter(pk=node.pk).update(last_seen=timezone.now())
+    families = {
+        f.name: f for f in text_string_to_metric_families(request(listener, headers=BEARER)[2].decode())
+    }
+    assert families["layercake_gpu_temperature_celsius"].samples == []
+    online = [s for s in families["layercake_node_status"].samples if s.labels["status"] == "online"]
+    assert [(s.labels["node"], s.value) for s in online] == [("rtx4090-box", 1.0)]
 
 
 def test_it_keeps_the_connection_for_the_next_scrape(live, listener):  # noqa: F811
