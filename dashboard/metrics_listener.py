@@ -1,7 +1,7 @@
 """`/metrics` on a socket of its own, answered by threads of the web process (LAYERCAKE_METRICS_LISTEN).
 
 Why: when agent ingest saturates the web process's event loop (1,000 agents x 8 GPUs on a busy machine), a
-scrape through Django waits there: 0.8-2.7 s for a render of 50-150 ms of CPU, against 0.2-0.5 s through this
+scrape through Django waits there: up to 4 s for a render of 50-270 ms of CPU, against 0.2-0.6 s through this
 listener (bench/README.md, /metrics). These threads never touch the event loop: the same access check (scrape_access.check_scrape), the same renderer and
 a snapshot of this process's live state taken under its lock (metrics_views.render_scrape, telemetry.LiveState).
 
