@@ -10,8 +10,8 @@ this process's live state: the readings of the agents whose samples this process
 counters. With one web process that is the whole fleet. With WEB_CONCURRENCY=N each process takes the first
 free port of port..port+N-1: scrape every port, one Prometheus target each (docs/production.md).
 
-Started once per serving process by layercake/asgi.py, which only the ASGI server imports (uvicorn loads it in
-each worker; its --reload parent does not). A taken port is logged, not fatal: /metrics on the main port stays.
+Started once per serving process by layercake/asgi.py, which the ASGI server imports (uvicorn in each worker;
+not its --reload parent). A taken port is logged, not fatal: /metrics on the main port stays.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ from dashboard.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": URLRouter(websocket_urlpatterns)})
 
-# Only the ASGI server imports this module (uvicorn: once per worker process), so the process that serves is the
-# one that listens; uvicorn runs with --lifespan off (Django's handler takes no lifespan events).
+# The ASGI server imports this module once per serving process (each uvicorn worker; not its --reload parent);
+# uvicorn runs with --lifespan off (Django's handler takes no lifespan events), and AppConfig.ready would also
+# run in manage.py commands and Celery. Tests that import the application listen only if the variable is set.
 from dashboard.metrics_listener import start_from_settings  # noqa: E402
 
 METRICS_LISTENER = start_from_settings()  # None unless LAYERCAKE_METRICS_LISTEN is set
