@@ -5,7 +5,9 @@
 Starts an embedded Redis and the ASGI server on a fresh database with a scrape token, connects N agents (the
 real agent code with simulated GPUs, all in one helper process: bench/ingest.py's agents role), waits until
 every node has sent samples, then scrapes /metrics through the real endpoint once every --period seconds, as a
-Prometheus would (asking for gzip, unless --plain; a server that does not gzip answers plain text). Prints, for
+Prometheus would (asking for gzip, unless --plain; a server that does not gzip answers plain text), either on
+the main port through Django (`--route django`) or on the web process's own metrics listener (`--route
+listener`, LAYERCAKE_METRICS_LISTEN: a thread that does not go through the event loop). Prints, for
 the first (cold: the inventory and topology read and every family rendered) and the later scrapes: the wall time
 of the scrape (request to last byte), the time to the response's headers, the bytes (unzipped and on the wire)
 and series, the CPU the server's render thread spent (`layercake_metrics_render_cpu_seconds_total`, which the
@@ -48,6 +50,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--plain", action="store_true", help="scrape without Accept-Encoding: gzip (Prometheus asks for gzip)"
     )
     parser.add_argument("--log-dir", default="", help="keep the servers' logs here (default: a temp dir)")
+    parser.add_argument(
+        "--route",
+        choices=("django", "listener"),
+        default="django",
+        help="scrape /metrics on the main port (Django) or on the metrics listener (LAYERCAKE_METRICS_LISTEN)",
+    )
     return parser.parse_args(argv)
 
 
@@ -129,6 +137,7 @@ def _stat_cpu(stat: list[str]) -> int:
 
 
 RENDER_COUNTER = b"layercake_metrics_render_cpu_seconds_total"
+LOAD_AT_START = os.getloadavg()  # uptime's three figures when the benchmark started
 
 
 def cold_scrape(url: str) -> dict:
@@ -169,27 +178,29 @@ def run(args: argparse.Namespace) -> dict:
         log = Path(args.log_dir or tmp)
         log.mkdir(parents=True, exist_ok=True)
         setup_django(log / "bench.sqlite3")
-        redis_port, port = stack.free_port(), stack.free_port()
+        redis_port, port, metrics_port = stack.free_port(), stack.free_port(), stack.free_port()
         services = [stack.redis_service(redis_port, log).start()]
         stack.wait_for_port(redis_port)
         env = {
             "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
             "DATABASE_URL": os.environ["DATABASE_URL"],
             "LAYERCAKE_METRICS_TOKEN": TOKEN,
-        }
+        } | ({"LAYERCAKE_METRICS_LISTEN": f"127.0.0.1:{metrics_port}"} if args.route == "listener" else {})
         server = stack.asgi_service(port, env, log).start()
         services.append(server)
         url = f"http://127.0.0.1:{port}"
+        scrape_url = url if args.route == "django" else f"http://127.0.0.1:{metrics_port}"
         try:
             stack.wait_for_port(port)
+            stack.wait_for_port(metrics_port if args.route == "listener" else port)
             tokens, _ = make_fleet(args.nodes)
             (log / "tokens").write_text("\n".join(tokens))
             agents = start_agents(args, url, log)
             hellos_s = wait_for_hellos(args.nodes, 600, agents, log / "agents.log")
-            cold = cold_scrape(url)
+            cold = cold_scrape(scrape_url)
             (log / "ready").touch()
-            wait_for_samples(url, args.nodes * args.gpus, timeout=120)
-            scrapes = measure(args, url, server.proc.pid, agents.pid)
+            wait_for_samples(scrape_url, args.nodes * args.gpus, timeout=120)
+            scrapes = measure(args, scrape_url, server.proc.pid, agents.pid)
             agents.wait(timeout=args.scrapes * args.period + 120)
         finally:
             for service in reversed(services):
@@ -211,6 +222,8 @@ def start_agents(args: argparse.Namespace, url: str, log: Path) -> subprocess.Po
 def summarize(args: argparse.Namespace, cold: dict, scrapes: list[dict], hellos_s: float) -> dict:
     render = [s["render_cpu_s"] for s in scrapes]
     return {
+        "route": args.route,
+        "load_at_start": [round(x, 2) for x in LOAD_AT_START],
         "nodes": args.nodes,
         "gpus_per_node": args.gpus,
         "agent_interval_s": args.interval,

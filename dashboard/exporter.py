@@ -166,7 +166,8 @@ READING_COUNTERS: tuple[tuple[str, str, Callable[[Any], float | None]], ...] = (
 
 def gpu_families(live: Snapshot, fleet: FleetView) -> Iterator[Family]:
     gpus = fleet.inventory.gpus
-    online = [g for g in gpus if fleet.status[g.node_id] == NodeStatus.ONLINE and g.gpu_id in live.readings]
+    fresh = reporting_here(live, fleet)
+    online = [g for g in gpus if g.node_id in fresh and g.gpu_id in live.readings]
     rows = [(g.labels, live.readings[g.gpu_id]) for g in online]
     for name, doc, value in READING_GAUGES:
         yield Family(name, doc, GPU_LABELS, _points(rows, value))
@@ -185,6 +186,17 @@ def gpu_families(live: Snapshot, fleet: FleetView) -> Iterator[Family]:
         tuple((g.labels, g.memory_total_bytes) for g in gpus),
     )
     yield from xid_families(live, gpus)
+
+
+def reporting_here(live: Snapshot, fleet: FleetView) -> set[int]:
+    """Online nodes whose samples this process stored within their stale window. With several web processes an
+    agent that moved to another one is online still; its last reading here must not pass for current."""
+    return {
+        n.pk
+        for n in fleet.nodes
+        if fleet.status[n.pk] == NodeStatus.ONLINE
+        and live.taken - live.stored_at.get(n.pk, 0.0) <= n.stale_after().total_seconds()
+    }
 
 
 def _points(rows: list[tuple[Labels, Any]], value: Callable[[Any], float | None]) -> Points:

@@ -25,10 +25,16 @@ async def metrics(request: HttpRequest) -> HttpResponse:
         if verdict.challenge:
             response["WWW-Authenticate"] = verdict.challenge
         return response
-    live = LIVE.snapshot()  # on the event loop that records into it
     # In a pool thread: off the event loop, and not queued behind the agents' database thread (agent_db).
-    text, cpu_s = await sync_to_async(RENDERER.render, thread_sensitive=False)(live)
-    LIVE.scraped(cpu_s)
+    text = await sync_to_async(render_scrape, thread_sensitive=False)()
     return HttpResponse(
         text, content_type=CONTENT_TYPE_PLAIN_0_0_4
     )  # what generate_latest writes; Prometheus 2 reads it
+
+
+def render_scrape() -> bytes:
+    """One scrape's text from this process's live state, in the calling thread (never the event loop's):
+    the view's pool thread, or the metrics listener's (dashboard/metrics_listener.py)."""
+    text, cpu_s = RENDERER.render(LIVE.snapshot())
+    LIVE.scraped(cpu_s)
+    return text

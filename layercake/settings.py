@@ -339,10 +339,10 @@ def metrics_token_digest(name: str = "LAYERCAKE_METRICS_TOKEN") -> str:
     return hashlib.sha256(token.encode()).hexdigest() if token else ""
 
 
-def envnetworks(name: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+def envnetworks(name: str, default: str = "") -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
     """Comma-separated addresses or CIDR networks, e.g. "10.0.0.5, 192.168.0.0/24, ::1"."""
     networks = []
-    for item in envlist(name):
+    for item in envlist(name, default):
         try:
             networks.append(ipaddress.ip_network(item, strict=False))
         except ValueError:
@@ -356,6 +356,47 @@ def envnetworks(name: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network
 # else gets 401 (no or a wrong token) or 403. With neither set, /metrics is closed.
 METRICS_TOKEN_SHA256 = metrics_token_digest()
 METRICS_ALLOW = envnetworks("LAYERCAKE_METRICS_ALLOW")
+
+
+def envlisten(name: str) -> tuple[str, int] | None:
+    """An IP address and port ("127.0.0.1:9108", "[::1]:9108"), or None when the variable is unset or empty."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    host, _, port = value.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    try:
+        ipaddress.ip_address(host)
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(port)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"{name} must be an IP address and a port, e.g. 127.0.0.1:9108 or [::1]:9108, not {value!r}"
+        ) from None
+    return host, int(port)
+
+
+def envproxies(name: str, default: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """uvicorn's FORWARDED_ALLOW_IPS: addresses or networks whose X-Forwarded-For is believed, or "*" (any)."""
+    if envlist(name, default) == ["*"]:
+        return [ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")]
+    return envnetworks(name, default)
+
+
+# /metrics on a socket of its own, answered by a thread of each web process, off the event loop that agent
+# ingest keeps busy (dashboard/metrics_listener.py). Off unless set. With WEB_CONCURRENCY=N (uvicorn's
+# --workers reads the same variable) each process takes the first free port of port..port+N-1.
+METRICS_LISTEN = envlisten("LAYERCAKE_METRICS_LISTEN")
+WEB_PROCESSES = int(envfloat("WEB_CONCURRENCY", "1"))
+if WEB_PROCESSES < 1:
+    raise ImproperlyConfigured(f"WEB_CONCURRENCY must be 1 or more, not {WEB_PROCESSES}")
+if METRICS_LISTEN and METRICS_LISTEN[1] + WEB_PROCESSES - 1 > 65535:
+    raise ImproperlyConfigured(
+        f"LAYERCAKE_METRICS_LISTEN: ports {METRICS_LISTEN[1]}..{METRICS_LISTEN[1] + WEB_PROCESSES - 1} "
+        "(one per WEB_CONCURRENCY process) go past 65535"
+    )
+# Who may set X-Forwarded-For on a scrape of that socket (nginx): the same variable and default as uvicorn's.
+FORWARDED_ALLOW_IPS = envproxies("FORWARDED_ALLOW_IPS", "127.0.0.1")
 
 LOGGING = {
     "version": 1,

@@ -113,7 +113,8 @@ def self_signed_cert(directory: Path) -> tuple[Path, Path]:
 
 def nginx_config(directory: Path, ports: dict[str, int]) -> Path:
     """deploy/nginx-layercake.conf in a runnable nginx.conf: this machine's certificate, and the ports given
-    (http, https, and upstream, the web unit's WEB_PORT) on 127.0.0.1 instead of 80, 443 and 8000."""
+    (http, https, upstream: the web unit's WEB_PORT, metrics: its LAYERCAKE_METRICS_LISTEN port) on 127.0.0.1
+    instead of 80, 443, 8000 and 9108."""
     cert, key = self_signed_cert(directory)
     site = (DEPLOY / "nginx-layercake.conf").read_text()
     for old, new in [
@@ -124,6 +125,8 @@ def nginx_config(directory: Path, ports: dict[str, int]) -> Path:
         ("listen 80;", f"listen 127.0.0.1:{ports['http']};"),
         ("listen 443 ssl;", f"listen 127.0.0.1:{ports['https']} ssl;"),
         ("server 127.0.0.1:8000;", f"server 127.0.0.1:{ports['upstream']};"),
+        ("server 127.0.0.1:8000 backup;", f"server 127.0.0.1:{ports['upstream']} backup;"),
+        ("server 127.0.0.1:9108;", f"server 127.0.0.1:{ports.get('metrics', 9108)};"),
     ]:
         assert old in site, f"deploy/nginx-layercake.conf no longer has {old!r}"
         site = site.replace(old, new)

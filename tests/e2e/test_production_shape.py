@@ -96,6 +96,7 @@ def server_env_file(state_dir: Path, port: int, database_url: str, redis_url: st
         REDIS_URL=redis_url,
         LAYERCAKE_VAR=str(state_dir / "var"),
         WEB_PORT=str(port),
+        LAYERCAKE_METRICS_LISTEN=f"127.0.0.1:{stack.free_port()}",
     )
     env.update(
         SECURE_SSL_REDIRECT="false", SECURE_COOKIES="false"
@@ -236,6 +237,7 @@ def nginx(production: Production, tmp_path: Path) -> Iterator[tuple[dict[str, in
         "http": stack.free_port(),
         "https": stack.free_port(),
         "upstream": int(read_env_file(production.env_file)["WEB_PORT"]),
+        "metrics": int(read_env_file(production.env_file)["LAYERCAKE_METRICS_LISTEN"].rpartition(":")[2]),
     }
     conf = nginx_config(tmp_path, ports)
     service = stack.Service(
@@ -364,6 +366,10 @@ def test_it_proxies_pages_and_both_websockets_through_the_nginx_example(
         page = client.get("/")  # logged in through TLS; Django sees https from nginx's X-Forwarded-Proto
         assert page.status_code == 200 and "Log out" in page.text
         assert page.headers["strict-transport-security"].startswith("max-age=31536000")
+        # /metrics goes to the web process's metrics listener; the example sets no token or network: 403
+        scrape = client.get("/metrics")
+        assert scrape.status_code == 403 and "not allowed to scrape" in scrape.text
+        assert "/metrics (listener) refused GET /metrics to 127.0.0.1" in production.log("layercake-web")
     token = manage(production.env_file, "agent_token", "behind-nginx").strip()
     agent = stack.agent_service(
         url,

@@ -1,6 +1,7 @@
 """A real Prometheus scrapes the real server (uvicorn, Redis) while real agents with simulated GPUs report; its
-HTTP API must then hold every family of /metrics with the values the agents sent. The Grafana dashboard's
-queries run against the same Prometheus."""
+HTTP API must then hold every family of /metrics with the values the agents sent. It scrapes the main port
+(Django) and the server's metrics listener (LAYERCAKE_METRICS_LISTEN): both must give the same series. The
+Grafana dashboard's queries run against the same Prometheus."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import httpx
 import pytest
 
 from agents import protocol
+from dashboard import stack
 from dashboard.models import Alert, Deployment, GpuSample
 from tests.harness import node_with_token, wait_until
 from tests.prometheus import (
@@ -30,12 +32,19 @@ pytestmark = pytest.mark.slow
 TOKEN = "e2e-scrape-token-0123456789"
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "layercake.json"
 MIB = 2**20
+HIDDEN = {"__name__", "job", "instance"}
 
 
 @pytest.fixture
 def server_env(server_env):
-    """The server takes scrapes with TOKEN; the allowed network is not the one the tests connect from."""
-    return {**server_env, "LAYERCAKE_METRICS_TOKEN": TOKEN, "LAYERCAKE_METRICS_ALLOW": "10.99.0.0/16"}
+    """The server takes scrapes with TOKEN, on its main port and on its metrics listener; the allowed network
+    is not the one the tests connect from."""
+    return {
+        **server_env,
+        "LAYERCAKE_METRICS_TOKEN": TOKEN,
+        "LAYERCAKE_METRICS_ALLOW": "10.99.0.0/16",
+        "LAYERCAKE_METRICS_LISTEN": f"127.0.0.1:{stack.free_port()}",
+    }
 
 
 @pytest.fixture
@@ -44,10 +53,10 @@ def prometheus(live_stack, tmp_path):
         pytest.skip(
             f"{PROMETHEUS} is not installed (./test.sh installs Debian's prometheus when run as root)"
         )
-    target = f"127.0.0.1:{live_stack.port}"
-    service, url = start_prometheus(
-        tmp_path / "prometheus", {"layercake": (target, TOKEN), "wrong-token": (target, "not-the-token")}
-    )
+    target, listener = f"127.0.0.1:{live_stack.port}", live_stack.env["LAYERCAKE_METRICS_LISTEN"]
+    jobs = {"layercake": (target, TOKEN), "wrong-token": (target, "not-the-token")}
+    jobs |= {"listener": (listener, TOKEN), "listener-wrong-token": (listener, "not-the-token")}
+    service, url = start_prometheus(tmp_path / "prometheus", jobs)
     yield url
     service.stop()
 
@@ -131,6 +140,7 @@ def test_it_has_every_family_with_the_values_the_agents_sent(scraped):
     check_deployment_families(url, deployment)
     check_alert_and_server_families(url)
     check_wrong_token_job(url)
+    check_listener_job(url)
 
 
 def check_gpu_families(url: str, fleet: Fleet) -> None:
@@ -222,6 +232,26 @@ def check_wrong_token_job(url: str) -> None:
     assert jobs["layercake"]["health"] == "up", jobs["layercake"]["lastError"]
     assert jobs["wrong-token"]["health"] == "down" and "401" in jobs["wrong-token"]["lastError"]
     assert series(url, 'up{job="wrong-token"}') == {frozenset(): 0.0}
+
+
+def check_listener_job(url: str) -> None:
+    """The listener's scrapes hold the same series as the main port's (the values are each scrape's own)."""
+    jobs = targets(url)
+    assert jobs["listener"]["health"] == "up", jobs["listener"]["lastError"]
+    assert (
+        jobs["listener-wrong-token"]["health"] == "down"
+        and "401" in jobs["listener-wrong-token"]["lastError"]
+    )
+    by_job = {
+        job: {
+            (r["metric"]["__name__"], frozenset((k, v) for k, v in r["metric"].items() if k not in HIDDEN))
+            for r in query(url, f'{{job="{job}", __name__=~"layercake_.+"}}')
+        }
+        for job in ("layercake", "listener")
+    }
+    assert len(by_job["listener"]) > 100 and by_job["listener"] == by_job["layercake"]
+    memory = 'layercake_gpu_memory_total_bytes{node="rtx4090-box", job="listener"}'
+    assert set(series(url, memory).values()) == {24564 * MIB}
 
 
 def test_it_answers_401_without_or_with_a_wrong_token_over_the_real_server(live_stack):

@@ -180,6 +180,12 @@ class Command(BaseCommand):
         if context.mail_port is not None:
             get_user_model().objects.filter(username=username, email="").update(email=DEMO_ADMIN_EMAIL)
             self.say(f"demo mail: alert mails to {DEMO_ADMIN_EMAIL} are listed at /demo/mails/")
+        if settings.METRICS_LISTEN:  # the asgi child inherits LAYERCAKE_METRICS_LISTEN and listens there
+            host, listen_port = settings.METRICS_LISTEN
+            host = f"[{host}]" if ":" in host else host
+            self.say(
+                f"Prometheus: /metrics also on http://{host}:{listen_port}/metrics (LAYERCAKE_METRICS_LISTEN)"
+            )
         self.stdout.write(self.style.SUCCESS(f"\nlayercake is running: http://127.0.0.1:{context.port}/"))
         # Not through say(): the password stays out of the logs.
         self.stdout.write(
