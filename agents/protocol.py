@@ -612,7 +612,7 @@ def dump(message: Strict) -> str:
 
 def dump_hello(hello: Hello) -> str:
     """A hello as sent: a full one without the digest field (servers before digest-only hellos refuse any
-    field they do not know), a digest-only one without the inventory fields."""
-    if hello.digest_only:
-        return hello.model_dump_json(exclude={"gpus", "topology", "models"})
-    return hello.model_dump_json(exclude={"inventory_digest"})
+    field they do not know), a digest-only one without the inventory fields; `engines` only when it lists
+    one, so an agent that found no engine still speaks to a server from before engine versions."""
+    left_out = {"gpus", "topology", "models"} if hello.digest_only else {"inventory_digest"}
+    return hello.model_dump_json(exclude=left_out | (set() if hello.engines else {"engines"}))

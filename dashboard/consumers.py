@@ -115,8 +115,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.queued = True
         token = await token_batcher().do(bearer_token(self.scope))
         if token is None:
-            await self.send(protocol.error("unauthorized", "unknown or revoked agent token"))
-            await self.close(protocol.CLOSE_UNAUTHORIZED)
+            await self.refuse_token()
             return
         self.node, self.token_id = token.node, token.pk
         try:
@@ -127,6 +126,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
             self.closing = True
             await self.send(protocol.busy("the server's message bus is unavailable; reconnect", BUS_RETRY_S))
             await self.close(protocol.CLOSE_RETRY)
+            return
+        # A revocation between the check and joining the group told a group this socket was not in yet; from
+        # here on the group tells it, and this second (batched) check sees any before.
+        if await token_batcher().do(bearer_token(self.scope)) is None:
+            await self.refuse_token()
+
+    async def refuse_token(self) -> None:
+        self.closing = True
+        await self.send(protocol.error("unauthorized", "unknown or revoked agent token"))
+        await self.close(protocol.CLOSE_UNAUTHORIZED)
 
     async def join_node_group(self) -> None:
         # One agent per node: an older connection (a duplicate agent, or a socket not yet seen dead) is closed.

@@ -9,6 +9,7 @@ agent for what is now stored, so an agent only forgets a sample once it is in th
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ from django.db import (
     transaction,
 )
 from django.db.models.constants import OnConflict
+from django.db.models.signals import post_delete
+from django.dispatch import receiver
 from django.utils import timezone
 
 from agents import protocol
@@ -42,7 +45,7 @@ from agents.protocol import (
 from dashboard import deploy
 from dashboard.agent_db import agent_database
 from dashboard.jobs import Job
-from dashboard.models import Deployment, Gpu, GpuSample, Link, LogChunk, Node
+from dashboard.models import Deployment, Gpu, GpuSample, Link, LogChunk, Node, NodeModel
 from dashboard.node_models import sync_node_models
 
 log = logging.getLogger(__name__)
@@ -61,8 +64,31 @@ SEQ_SLACK = 10_000
 SEQ_PER_SECOND = 1_000
 
 
+# Set while a hello replaces a node's inventory rows: those deletions are the hello's own, its digest stands.
+_APPLYING_HELLO: contextvars.ContextVar[bool] = contextvars.ContextVar("applying_hello", default=False)
+
+
+@receiver(post_delete, sender=Gpu, dispatch_uid="ingest.forget_digest.gpu")
+@receiver(post_delete, sender=Link, dispatch_uid="ingest.forget_digest.link")
+@receiver(post_delete, sender=NodeModel, dispatch_uid="ingest.forget_digest.model")
+def forget_inventory_digest(sender: type, instance: Gpu | Link | NodeModel, **kwargs: object) -> None:
+    """A row of a node's inventory deleted outside a hello (an admin deleting a GPU): the stored digest no
+    longer names what the database holds. Resumed on it, the agent's samples of that GPU would be refused for
+    as long as the agent runs; without it, the next digest-only hello is asked for the full one."""
+    if not _APPLYING_HELLO.get():
+        Node.objects.filter(pk=instance.node_id).update(inventory_digest="")
+
+
 def apply_hello(node: Node, hello: Hello) -> dict[int, int]:
     """Record the agent's inventory and topology; return GPU index -> Gpu id for sample rows."""
+    applying = _APPLYING_HELLO.set(True)
+    try:
+        return _apply_hello(node, hello)
+    finally:
+        _APPLYING_HELLO.reset(applying)
+
+
+def _apply_hello(node: Node, hello: Hello) -> dict[int, int]:
     digest = inventory_digest(hello)
     with transaction.atomic():
         new_boot = _take_boot(node, hello)
@@ -109,6 +135,8 @@ def welcome_nodes(hellos: list[tuple[int, Hello]]) -> list[Welcome | Exception]:
     try:
         with transaction.atomic():
             return _welcome_batch(hellos)
+    except TRANSIENT as exc:  # each hello alone would wait for the database again, the flushes behind them
+        return [exc] * len(hellos)
     except (DatabaseError, *REFUSALS):
         return [_welcome_alone(node_id, hello) for node_id, hello in hellos]
 
@@ -137,14 +165,16 @@ def _welcome_batch(hellos: list[tuple[int, Hello]]) -> list[Welcome | Exception]
     for node_id, hello in hellos:
         node = nodes.get(node_id)
         if node is None or not hello.digest_only or node_id in seen:
-            outcomes.append(_welcome_in_batch(node_id, hello))  # full, unknown, or a second of one node
+            # Full, unknown, or a second of one node: read afresh (a full hello before it may have replaced
+            # the inventory its digest names).
+            outcomes.append(_welcome_in_batch(node_id, hello))
         elif hello.inventory_digest != node.inventory_digest or not node.inventory_digest:
             outcomes.append(full_hello_required())
         else:
-            seen.add(node_id)
             resumed[len(outcomes)] = (node, node.last_seen or node.created, _take_boot(node, hello))
             _set_node_fields(node, hello)
             outcomes.append(None)
+        seen.add(node_id)
     _welcome_resumed(resumed, outcomes)
     return outcomes
 

@@ -121,13 +121,15 @@ class LiveHub:
     async def watch(self, watcher: Watcher, subscription: Subscription) -> None:
         """Start (or change) what a page gets; it gets at once the newest values it did not have."""
         before = self.watchers.get(watcher)
+        if (
+            self.leaving is not None
+        ):  # before any await: the linger must not end (and clear the cells) meanwhile
+            self.leaving.cancel()
+            self.leaving = None
         await self.catch_up(watcher, before, subscription)
         if subscription.heatmap and not (before and before.heatmap) and self.cells:
             watcher.deliver(heat_text(self.cells, time.time(), []))
         self.watchers[watcher] = subscription
-        if self.leaving is not None:
-            self.leaving.cancel()
-            self.leaving = None
         if self.task is None:
             self.task = asyncio.get_running_loop().create_task(self.run())
 

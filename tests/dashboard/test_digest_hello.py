@@ -252,10 +252,10 @@ def check_mixed_batch() -> None:
 
 
 async def test_it_applies_each_hello_alone_when_the_batch_fails(monkeypatch):
-    from django.db import OperationalError
+    from django.db import IntegrityError
 
-    def broken(hellos):
-        raise OperationalError("database is locked")
+    def broken(hellos):  # a fault of one hello's data (a database that is away: test_digest_hello_edges)
+        raise IntegrityError("UNIQUE constraint failed")
 
     monkeypatch.setattr(ingest, "_welcome_batch", broken)
     await database_sync_to_async(check_mixed_batch)()

@@ -208,3 +208,38 @@ async def test_it_stays_in_the_ticks_for_a_page_that_comes_back_within_the_linge
 
 async def _joined(expected: bool) -> bool:
     return bool(await members(TICKS_GROUP)) == expected
+
+
+class LingerPage:
+    def __init__(self) -> None:
+        self.got: list[str] = []
+
+    def deliver(self, text: str) -> None:
+        self.got.append(text)
+
+
+async def test_it_gives_the_heatmap_to_a_page_that_subscribes_as_the_linger_ends(monkeypatch):
+    monkeypatch.setattr(subscriptions, "LINGER_S", 0.05)
+    hub = subscriptions.LiveHub()
+    first = LingerPage()
+    await hub.watch(first, subscriptions.Subscription(frozenset({"1"}), heatmap=True))
+    await asyncio.sleep(0.05)
+    hub.cells[7] = 5  # a colour the hub holds for pages that come later
+    hub.forget(first)
+    fetch = hub.values.fetch
+
+    async def slow_fetch(nodes):  # Redis answering a little late
+        await asyncio.sleep(0.1)
+        return await fetch(nodes)
+
+    monkeypatch.setattr(hub.values, "fetch", slow_fetch)
+    second = LingerPage()
+    await hub.watch(second, subscriptions.Subscription(frozenset({"1"}), heatmap=True))
+    await asyncio.sleep(0.2)
+    layer = get_channel_layer()
+    assert hub.task is not None and not hub.task.done()
+    assert len(layer.groups.get(TICKS_GROUP, {})) == 1, layer.groups.get(TICKS_GROUP)
+    assert any('"fleet.heatmap"' in text for text in second.got), "no heatmap for the new page"
+    hub.forget(second)
+    hub.leave()
+    await asyncio.sleep(0.05)
