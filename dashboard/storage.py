@@ -7,8 +7,8 @@ HOUR_RETENTION_DAYS). It works by sample id, not by time: a sample an agent repl
 the server was away) is merged into its minute and hour when it arrives, not lost from them.
 
 Retention deletes in bounded batches (one short transaction each), raw rows only once they are rolled up.
-A deployment's metric intervals (DeploymentMetric, one per scrape) are kept METRIC_RETENTION_DAYS, their
-hourly averages (dashboard/metric_hours.py) HOUR_RETENTION_DAYS.
+A deployment's metric intervals (DeploymentMetric, one per scrape) are kept METRIC_RETENTION_DAYS; their
+hourly averages (dashboard/metric_hours.py, run by the same beat task) HOUR_RETENTION_DAYS.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Max
 
-from dashboard import metric_hours
 from dashboard.models import DeploymentMetric, Gpu, GpuHour, GpuMinute, GpuSample, RollupRun
 from dashboard.models.fleet import ROLLUP_METRICS, GpuRollup
 
@@ -53,8 +52,6 @@ class StorageRun:
     deleted_minutes: int = 0
     deleted_hours: int = 0
     deleted_metrics: int = 0
-    metric_hours: int = 0  # a deployment's hours rebuilt (dashboard/metric_hours.py)
-    deleted_metric_hours: int = 0
     longest_write_ms: int = 0  # the longest write transaction of the rollup and raw retention (SQLite's lock)
 
 
@@ -78,9 +75,7 @@ def maintain(now: datetime) -> StorageRun:
     run.deleted_raw = prune_raw(now - timedelta(hours=settings.SAMPLE_RETENTION_HOURS), run)
     run.deleted_minutes = prune_tier(GpuMinute, now - timedelta(days=settings.MINUTE_RETENTION_DAYS))
     run.deleted_hours = prune_tier(GpuHour, now - timedelta(days=settings.HOUR_RETENTION_DAYS))
-    run.metric_hours = metric_hours.roll_up(now)  # before the rows they are built from go
     run.deleted_metrics = prune_metrics(now - timedelta(days=settings.METRIC_RETENTION_DAYS))
-    run.deleted_metric_hours = metric_hours.prune(now - timedelta(days=settings.HOUR_RETENTION_DAYS))
     return run
 
 

@@ -21,7 +21,7 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 from agents import protocol
-from dashboard import alerts, calibration, deploy, detect, storage
+from dashboard import alerts, calibration, deploy, detect, metric_hours, storage
 from dashboard.choices import DeploymentState, DesiredState, NodeStatus
 from dashboard.jobs import DeliverNotifications, Job, LaunchMembers, StopProcesses
 from dashboard.live import agent_group, announce_deployment, announce_nodes, announce_plan
@@ -58,11 +58,19 @@ def maintain_storage() -> dict[str, int] | None:
         if not mine:
             return None
         now = timezone.now()
+        hours = metric_hours.roll_up(now)  # before storage prunes the metric rows they are built from
         run = storage.maintain(now)
+        pruned_hours = metric_hours.prune(now - timedelta(days=settings.HOUR_RETENTION_DAYS))
         cutoff = now - timedelta(hours=settings.LOG_RETENTION_HOURS)
         logs, _ = LogChunk.objects.filter(t__lt=cutoff).delete()
         probes, _ = CanaryProbe.objects.filter(t__lt=cutoff).delete()
-        return {**dataclasses.asdict(run), "deleted_logs": logs, "deleted_probes": probes}
+        return {
+            **dataclasses.asdict(run),
+            "metric_hours": hours,
+            "deleted_metric_hours": pruned_hours,
+            "deleted_logs": logs,
+            "deleted_probes": probes,
+        }
 
 
 @shared_task(ignore_result=False)
