@@ -80,9 +80,9 @@ def make_fleet(nodes: int, gpus: int) -> dict[int, list[int]]:
 
 async def tick(fleet: dict[int, list[int]], seconds: float, jumpy: bool) -> tuple[int, float]:
     """Every node's GPUs in one tick, twice a second, through the real channel layer and Redis (as live.FleetFanout)."""
-    from dashboard.live import Colours, publish_tick
+    from dashboard.live import Publisher, publish_tick
 
-    sent, start, colours, publishing = 0, time.monotonic(), Colours(), 0.0
+    sent, start, publisher, publishing = 0, time.monotonic(), Publisher(), 0.0
     utils = {g: random.uniform(0, 100) for gpus in fleet.values() for g in gpus}
     while time.monotonic() - start < seconds:
         for g, util in utils.items():  # a walk, as loads move; --jumpy: any value each tick (the worst case)
@@ -91,7 +91,7 @@ async def tick(fleet: dict[int, list[int]], seconds: float, jumpy: bool) -> tupl
             {"node": node, "t": time.time(), "gpus": points(gpus, utils)} for node, gpus in fleet.items()
         ]
         cpu = time.thread_time()
-        await publish_tick(nodes, colours)
+        await publish_tick(nodes, publisher)
         publishing += time.thread_time() - cpu  # building and sending the tick, not simulating it
         sent += 1
         await asyncio.sleep(max(0.0, start + sent * 0.5 - time.monotonic()))

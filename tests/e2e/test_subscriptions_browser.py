@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from dashboard import alerts
 from dashboard.choices import DeploymentState
-from dashboard.live import Colours, GpuPoint, announce_deployment, publish_tick
+from dashboard.live import GpuPoint, Publisher, announce_deployment, publish_tick
 from dashboard.models import Alert, Deployment
 from tests import storm
 from tests.conftest import point_celery_at
@@ -36,14 +36,14 @@ class Ticks:
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self) -> None:
-        send, colours = async_to_sync(publish_tick), Colours()
+        send, publisher = async_to_sync(publish_tick), Publisher()
         while not self.stop.wait(0.3):
             nodes = [
                 {"node": node, "t": time.time(), "gpus": {str(g): self.point(g) for g in gpus}}
                 for node, gpus in self.fleet.items()
                 if node not in self.silent
             ]
-            send(nodes, colours)
+            send(nodes, publisher)
 
     def point(self, gpu: int) -> GpuPoint:
         return GpuPoint(self.util.get(gpu, 42.0), 1000.0 + gpu, 24576.0, 50.0, 200.0, 5.0)
