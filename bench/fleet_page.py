@@ -11,7 +11,8 @@ the browser. Gives `first_render_s` (navigation start to the load event), `html_
 main thread's share over the tick window from Chromium's counters: `main_thread_busy` (TaskDuration: wall
 time of its tasks, which on a loaded machine counts waiting for a core), `main_thread_cpu` (ThreadTime: CPU
 only), its script, style and layout parts, and `main_thread_cpu_without_ticks` (3 s before the ticks);
-and the server's CPU share (fraction of one core) over a window of ticks with no page open
+`watched_nodes` (the nodes the page subscribed to: the cards near the screen, `--scroll-to-cards` scrolls the
+first into view); and the server's CPU share (fraction of one core) over a window of ticks with no page open
 (`server_cpu_no_page`) and with the page open: `server_cpu_first_page` is the difference (it includes the
 process's hub starting to take the ticks), and with `--pages N`, `server_cpu_per_further_page` is what
 each further page adds. The fan-out's part is this process's (it plays the fan-out):
@@ -80,9 +81,9 @@ def make_fleet(nodes: int, gpus: int) -> dict[int, list[int]]:
 
 async def tick(fleet: dict[int, list[int]], seconds: float, jumpy: bool) -> tuple[int, float]:
     """Every node's GPUs in one tick, twice a second, through the real channel layer and Redis (as live.FleetFanout)."""
-    from dashboard.live import Colours, publish_tick
+    from dashboard.live import Publisher, publish_tick
 
-    sent, start, colours, publishing = 0, time.monotonic(), Colours(), 0.0
+    sent, start, publisher, publishing = 0, time.monotonic(), Publisher(), 0.0
     utils = {g: random.uniform(0, 100) for gpus in fleet.values() for g in gpus}
     while time.monotonic() - start < seconds:
         for g, util in utils.items():  # a walk, as loads move; --jumpy: any value each tick (the worst case)
@@ -91,7 +92,7 @@ async def tick(fleet: dict[int, list[int]], seconds: float, jumpy: bool) -> tupl
             {"node": node, "t": time.time(), "gpus": points(gpus, utils)} for node, gpus in fleet.items()
         ]
         cpu = time.thread_time()
-        await publish_tick(nodes, colours)
+        await publish_tick(nodes, publisher)
         publishing += time.thread_time() - cpu  # building and sending the tick, not simulating it
         sent += 1
         await asyncio.sleep(max(0.0, start + sent * 0.5 - time.monotonic()))
@@ -122,9 +123,11 @@ def main_thread_shares(cdp, before: dict[str, float], elapsed: float) -> dict[st
     return {f"main_thread_{key}": round((after[key] - before[key]) / elapsed, 3) for key in before}
 
 
-def open_page(context, url: str):
+def open_page(context, url: str, scroll_to_cards: bool):
     page = context.new_page()
     page.goto(url + "/", wait_until="load")
+    if scroll_to_cards:
+        page.locator("section.node").first.scroll_into_view_if_needed()
     return page
 
 
@@ -159,6 +162,8 @@ def measure(url: str, fleet: dict[int, list[int]], args: argparse.Namespace, ser
         timing = page.evaluate("JSON.stringify(performance.getEntriesByType('navigation')[0])")
         navigation = json.loads(timing)
         dom_nodes = page.evaluate("document.getElementsByTagName('*').length")
+        if args.scroll_to_cards:  # the cards on screen are watched (static/js/live.js), not the heatmap's top
+            page.locator("section.node").first.scroll_into_view_if_needed()
         cdp = page.context.new_cdp_session(page)
         cdp.send("Performance.enable")
         page.wait_for_timeout(1000)
@@ -179,11 +184,12 @@ def measure(url: str, fleet: dict[int, list[int]], args: argparse.Namespace, ser
             "server_cpu_one_page": round(cpu, 4),
             "server_cpu_first_page": round(cpu - idle_cpu, 4),
             "publish_cpu_ms_per_tick": round(publish_ms, 2),
+            "watched_nodes": page.evaluate("(window.layercakeSubscribed || {nodes: []}).nodes.length"),
             "chromium": browser.version,
         }
         if args.pages > 1:  # what each further page adds, once the process's hub is running
             for _ in range(args.pages - 1):
-                open_page(context, url)
+                open_page(context, url, args.scroll_to_cards)
             _, more, _, _ = server_share(server_pid, fleet, args.seconds, args.jumpy)
             result["pages"] = args.pages
             result["server_cpu_per_further_page"] = round((more - cpu) / (args.pages - 1), 4)
@@ -215,6 +221,7 @@ def run(args: argparse.Namespace) -> dict:
         "nodes": args.nodes,
         "gpus_per_node": args.gpus,
         "jumpy": args.jumpy,
+        "scroll_to_cards": args.scroll_to_cards,
         **result,
         "loadavg": " ".join(load),
         "versions": {**versions(), "chromium": result.pop("chromium")},
@@ -231,6 +238,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--pages", type=int, default=1, help="fleet pages open at once (server CPU per page)")
     parser.add_argument("--jumpy", action="store_true", help="every GPU's utilization jumps each tick")
+    parser.add_argument("--scroll-to-cards", action="store_true", help="scroll the first node card into view")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     args = parser.parse_args()
     if args.nodes < 1 or args.gpus < 1 or args.pages < 1:

@@ -4,8 +4,10 @@ the values in a Redis hash and a small tick (`live.publish_tick`), alternating, 
     .venv/bin/python bench/fleet_publish.py [--nodes 1000] [--gpus 8] [--ticks 20] [--json]
 
 Every GPU's utilization is random each tick (every heatmap cell changes). One channel is in the tick group and
-takes each tick, as one hub would. Gives the CPU time (ms) per tick of each form in this process: encoding,
-the heatmap cells, and the Redis client's work (Redis's own CPU is not counted).
+takes each tick, as one hub would; for `publish_tick_ms` that hub shows 50 nodes (a fleet page's cards,
+declared in live.Watching), for `publish_tick_no_hub_ms` no hub is declared (no page open anywhere: the fan-out
+sends no tick). Gives the CPU time (ms) per tick of each form in this process: encoding, the heatmap cells,
+and the Redis client's work (Redis's own CPU is not counted).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+FANOUT_S = 0.5  # settings' fan-out period: one tick of each form per period
 sys.path.insert(0, str(ROOT))
 
 
@@ -36,22 +39,40 @@ async def whole_tick(layer, nodes: list[dict], colours) -> None:
 async def measure(args: argparse.Namespace) -> dict[str, float]:
     from channels.layers import get_channel_layer
 
-    from dashboard.live import TICKS_GROUP, Colours, publish_tick
+    from dashboard.live import TICKS_GROUP, Colours, Publisher, Watching
 
     layer = get_channel_layer()
     hub = await layer.new_channel()
     await layer.group_add(TICKS_GROUP, hub)
     gpus = {n: range(n * args.gpus, (n + 1) * args.gpus) for n in range(1, args.nodes + 1)}
-    forms = {"whole_tick_ms": whole_tick, "publish_tick_ms": lambda _, nodes, c: publish_tick(nodes, c)}
-    colours, cpu = {name: Colours() for name in forms}, dict.fromkeys(forms, 0.0)
+    cards = frozenset(str(n) for n in range(1, min(50, args.nodes) + 1))
+    forms = {"whole_tick_ms": (whole_tick, None), "publish_tick_ms": (published, cards)}
+    forms["publish_tick_no_hub_ms"] = (published, False)
+    state, cpu = {"whole_tick_ms": Colours()}, dict.fromkeys(forms, 0.0)
+    state |= {name: Publisher() for name in forms if name != "whole_tick_ms"}
     for _ in range(args.ticks):
-        for name, send in forms.items():
+        round_at = time.monotonic()  # a round each fan-out period: live.Publisher's refreshes go by the clock
+        for name, (send, shown) in forms.items():
+            if shown is not None:  # the hub's declaration, as a page's hub makes it (not timed)
+                await (
+                    Watching(layer).withdraw("bench")
+                    if shown is False
+                    else Watching(layer).declare("bench", shown)
+                )
             nodes = [{"node": n, "t": time.time(), "gpus": points(ids)} for n, ids in gpus.items()]
             start = time.thread_time()
-            await send(layer, nodes, colours[name])
+            await send(layer, nodes, state[name])
             cpu[name] += time.thread_time() - start
-            await layer.receive(hub)
+            if shown is not False:
+                await layer.receive(hub)
+        await asyncio.sleep(max(0.0, round_at + FANOUT_S - time.monotonic()))
     return {name: round(1000 * seconds / args.ticks, 1) for name, seconds in cpu.items()}
+
+
+async def published(layer, nodes: list[dict], publisher) -> None:
+    from dashboard.live import publish_tick
+
+    await publish_tick(nodes, publisher)
 
 
 def points(ids: range) -> dict:

@@ -12,6 +12,10 @@ structure in and out of Redis, cost 15-25 ms per browser per tick at 1,000 nodes
 node's values cost a lone fleet page's process 1.9 % of a core.) The tick itself carries which nodes
 reported and each GPU's heatmap cell that changed, which is all the fleet page needs of the GPUs it does not
 show in detail.
+
+What a fan-out writes follows what the hubs show (Watching: each hub keeps the nodes its pages show in Redis):
+the values of watched nodes every tick, of the others every REFRESH_S (so that a page that subscribes to
+one gets recent values at once), and no tick at all while no hub watches.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import json
 import logging
 import math
 import time
+import uuid
 from typing import Any, NamedTuple, Protocol
 
 from asgiref.sync import async_to_sync
@@ -129,10 +134,12 @@ class Colours:
     def __init__(self) -> None:
         self.sent: dict[int, int] = {}
         self.full_at = 0.0
+        self.was_full = False  # the last `changed` gave every cell
 
-    def changed(self, nodes: list[dict[str, Any]]) -> list[int]:
-        """[gpu id, cell, ...] of these nodes' GPUs whose cell changed (all of them, now and then)."""
-        full = time.monotonic() - self.full_at >= self.FULL_COLOURS_S
+    def changed(self, nodes: list[dict[str, Any]], full: bool = False) -> list[int]:
+        """[gpu id, cell, ...] of these nodes' GPUs whose cell changed (all of them when `full`, and now and then)."""
+        full = full or time.monotonic() - self.full_at >= self.FULL_COLOURS_S
+        self.was_full = full
         if full:
             self.full_at = time.monotonic()
         cells, sent = [], self.sent
@@ -213,23 +220,122 @@ def heat_runs(cells: dict[int, int]) -> list[int]:
     return flat
 
 
-def tick_message(nodes: list[dict[str, Any]], colours: Colours) -> dict[str, Any]:
-    """A "live.tick" for the hubs: the ids of the nodes that reported (their values are in LatestValues), the
-    heatmap cells that changed as a flat [gpu id, cell, ...] list (msgpack refuses integer map keys), and both
-    already JSON-encoded for the pages (`heat`, the cells as `heat_runs`), so that no hub encodes 8,000 cells
-    a tick."""
-    reported, cells = [int(node["node"]) for node in nodes], colours.changed(nodes)
+class Watching:
+    """Which nodes each server process's hub shows, where every fan-out reads them (a hub in Redis, a field per
+    hub: "<expires, unix time> <JSON: node ids, or "all">"; a dict on the in-memory layer). A hub declares again
+    every TTL_S / 3; the field of a hub whose process died is ignored once it expires."""
+
+    KEY = "live:watching"
+    TTL_S = 30.0
+
+    def __init__(self, layer: Any) -> None:
+        self.layer = layer
+        self.local: dict[str, str] | None = (
+            None if hasattr(layer, "connection") else layer.__dict__.setdefault("_live_watching", {})
+        )
+
+    async def declare(self, hub: str, nodes: frozenset[str] | None) -> None:
+        shown = "all" if nodes is None else sorted(int(n) for n in nodes)
+        value = f"{time.time() + self.TTL_S!r} {json.dumps(shown, separators=(',', ':'))}"
+        if self.local is not None:
+            self.local[hub] = value
+            return
+        async with self.redis().pipeline(transaction=False) as pipe:
+            await pipe.hset(self.key, hub, value).expire(self.key, int(self.TTL_S) * 2).execute()
+
+    async def withdraw(self, hub: str) -> None:
+        if self.local is not None:
+            self.local.pop(hub, None)
+        else:
+            await self.redis().hdel(self.key, hub)
+
+    async def read(self) -> dict[str, frozenset[str] | None]:
+        """hub -> the node ids it shows (None: every node), of the hubs whose declaration has not expired."""
+        stored = dict(self.local) if self.local is not None else await self.redis().hgetall(self.key)
+        hubs, now = {}, time.time()
+        for hub, value in stored.items():
+            expires, shown = (value.decode() if isinstance(value, bytes) else value).split(" ", 1)
+            if float(expires) > now:
+                nodes = json.loads(shown)
+                hubs[hub.decode() if isinstance(hub, bytes) else hub] = (
+                    None if nodes == "all" else frozenset(str(n) for n in nodes)
+                )
+        return hubs
+
+    def redis(self) -> Any:
+        return self.layer.connection(0)
+
+    @property
+    def key(self) -> str:
+        return self.layer.prefix + self.KEY
+
+
+def watched_by(hubs: dict[str, frozenset[str] | None]) -> frozenset[str] | None:
+    """The nodes some hub shows (None: every node)."""
+    if any(nodes is None for nodes in hubs.values()):
+        return None
+    return frozenset().union(*hubs.values())
+
+
+def tick_message(
+    nodes: list[dict[str, Any]], colours: Colours, source: str = "", full: bool = False
+) -> dict[str, Any]:
+    """A "live.tick" for the hubs: the ids of the nodes that reported (their values are in LatestValues) and
+    the heatmap cells that changed, already JSON-encoded for the pages as `heat_runs` (`cells`, whole when
+    `full`), so that no hub encodes or even unpacks 8,000 cells a tick; `source` names the fan-out (a hub keeps
+    each fan-out's cells for the pages that come later)."""
+    reported, cells = [int(node["node"]) for node in nodes], colours.changed(nodes, full)
     runs = heat_runs(dict(zip(cells[::2], cells[1::2], strict=True)))
-    heat = f'"cells":{json.dumps(runs, separators=(",", ":"))},"nodes":{json.dumps(reported, separators=(",", ":"))}'
-    return {"type": "live.tick", "sent": time.time(), "nodes": reported, "cells": cells, "heat": heat}
+    return {
+        "type": "live.tick",
+        "sent": time.time(),
+        "nodes": reported,
+        "cells": json.dumps(runs, separators=(",", ":")),
+        "nodes_json": json.dumps(reported, separators=(",", ":")),
+        "source": source,
+        "full": colours.was_full,
+    }
 
 
-async def publish_tick(nodes: list[dict[str, Any]], colours: Colours) -> None:
-    """Each node's values encoded once into LatestValues, then the tick to every process's hub."""
+class Publisher:
+    """What one fan-out remembers between ticks: the heatmap cells it sent, when it last wrote each node's
+    values to LatestValues, and the hubs it last saw (a hub new since gets every cell)."""
+
+    REFRESH_S = 2.0  # every node's values are in LatestValues at most about this old (subscriptions.FRESH_S)
+
+    def __init__(self) -> None:
+        self.colours = Colours()
+        self.source = uuid.uuid4().hex
+        self.written: dict[str, float] = {}  # node id -> time.monotonic() of its last write
+        self.hubs: set[str] = set()
+
+    def due(self, nodes: list[dict[str, Any]], watched: frozenset[str] | None) -> list[dict[str, Any]]:
+        """The nodes whose values go to LatestValues now: the watched ones, and the others every REFRESH_S."""
+        now, written, due = time.monotonic(), self.written, []
+        for node in nodes:
+            key = str(node["node"])
+            last = written.get(key)
+            if watched is None or key in watched or last is None or now - last >= self.REFRESH_S:
+                # A node seen for the first time counts as written up to REFRESH_S ago (by its id), so that the
+                # whole fleet's refreshes spread over the ticks instead of all falling on the same one.
+                written[key] = now - (int(key) % 8) * self.REFRESH_S / 8 if last is None else now
+                due.append(node)
+        return due
+
+
+async def publish_tick(nodes: list[dict[str, Any]], publisher: Publisher) -> None:
+    """The values of the nodes that are due encoded once into LatestValues, then the tick to every process's hub
+    (none while no hub watches: the values still go to LatestValues, so that a hub that comes finds them)."""
     layer = get_channel_layer()
-    encoded = {str(node["node"]): _node_json(node) for node in nodes}
-    await LatestValues(layer).store(encoded, time.time())
-    await layer.group_send(TICKS_GROUP, tick_message(nodes, colours))
+    hubs = await Watching(layer).read()
+    due = publisher.due(nodes, watched_by(hubs))
+    if due:
+        encoded = {str(node["node"]): _node_json(node) for node in due}
+        await LatestValues(layer).store(encoded, time.time())
+    new_hub = bool(hubs.keys() - publisher.hubs)
+    publisher.hubs = set(hubs)
+    if hubs:
+        await layer.group_send(TICKS_GROUP, tick_message(nodes, publisher.colours, publisher.source, new_hub))
 
 
 class FleetFanout:
@@ -239,7 +345,7 @@ class FleetFanout:
         self.period = period
         self.latest: dict[int, dict[str, Any]] = {}
         self.deployments: dict[str, dict[str, Any]] = {}
-        self.colours = Colours()
+        self.publisher = Publisher()
         self._task: asyncio.Task | None = None
         self._last_sent = 0.0
 
@@ -268,7 +374,7 @@ class FleetFanout:
         if deployments:
             await get_channel_layer().group_send(FLEET_GROUP, fleet_update([], deployments))
         if nodes:
-            await publish_tick(nodes, self.colours)
+            await publish_tick(nodes, self.publisher)
 
 
 @receiver(post_save, sender=AgentToken)

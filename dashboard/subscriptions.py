@@ -11,7 +11,10 @@ once in Redis (live.LatestValues, a field per node) and sends a tick to TICKS_GR
 `LiveHub` per process (not the browsers), and only while a page on that process watches. The hub fetches the
 values of the nodes its pages show and hands each page its part, so its cost follows its pages, not the
 fleet (bench/README.md, "Fleet page"). Each node's values arrive JSON-encoded once (live.publish_tick), so a
-page's message is a join of strings, not an encoding per browser.
+page's message is a join of strings, not an encoding per browser. The hub keeps the nodes its pages show in
+Redis (live.Watching): the fan-outs write those nodes' values every tick, the others' only now and then, and
+send no tick while no hub watches. The heatmap cells stay text in the hub (a tick's cells are decoded only
+when a page comes that needs all of them).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,7 +33,7 @@ from channels.layers import get_channel_layer
 from django.contrib.auth import get_user_model
 from redis.exceptions import RedisError
 
-from dashboard.live import POINT_KEYS, TICKS_GROUP, LatestValues, heat_runs
+from dashboard.live import POINT_KEYS, TICKS_GROUP, LatestValues, Watching, heat_runs
 from dashboard.models import Node
 
 MAX_NODES = 200  # a fleet page shows 50 cards; a page asking for more than this asks for "all"
@@ -39,6 +43,7 @@ REJOIN_S = 3600.0  # group memberships expire in Redis (a day by default): the h
 # A hub whose last page closed leaves the ticks after this long: a page moving to the next page of the list,
 # or reloading, finds it still in them.
 LINGER_S = 5.0
+HEAT_LOG_MAX = 64  # a fan-out's tick cells kept as text since its last full set; folded into one past this
 KEYS_JSON = json.dumps(list(POINT_KEYS))
 log = logging.getLogger(__name__)
 
@@ -112,9 +117,16 @@ class LiveHub:
     def __init__(self) -> None:
         self.layer = get_channel_layer()
         self.values = LatestValues(self.layer)
+        self.watching = Watching(self.layer)
+        self.id = ""  # as live.Watching names this hub; a new one each time it joins the ticks
+        self.joined = False  # in the ticks' group: from then on it tells the fan-outs what its pages show
+        # What it last told them (None: nothing yet); a closed page's nodes are left out within TTL_S / 3.
+        self.declared: tuple[frozenset[str] | None] | None = None
+        self.declaring = asyncio.Lock()  # one declaration at a time, the newest last
         self.watchers: dict[Watcher, Subscription] = {}
         self.sent: dict[str, str] = {}  # node id -> its values as last given to pages (not given twice)
-        self.cells: dict[int, int] = {}  # GPU id -> heatmap cell (live.heat_cell)
+        # Each fan-out's heatmap cells (live.heat_runs JSON) since its last full set, in order.
+        self.heat_log: dict[str, list[str]] = {}
         self.task: asyncio.Task | None = None
         self.leaving: asyncio.TimerHandle | None = None
 
@@ -126,12 +138,42 @@ class LiveHub:
         ):  # before any await: the linger must not end (and clear the cells) meanwhile
             self.leaving.cancel()
             self.leaving = None
-        await self.catch_up(watcher, before, subscription)
-        if subscription.heatmap and not (before and before.heatmap) and self.cells:
-            watcher.deliver(heat_text(self.cells, time.time(), []))
-        self.watchers[watcher] = subscription
         if self.task is None:
+            self.id = uuid.uuid4().hex
             self.task = asyncio.get_running_loop().create_task(self.run())
+        await self.catch_up(watcher, before, subscription)
+        cells = self.cells() if subscription.heatmap and not (before and before.heatmap) else {}
+        if cells:
+            watcher.deliver(heat_text(cells, time.time(), []))
+        self.watchers[watcher] = subscription
+        await self.declare()
+
+    def cells(self) -> dict[int, int]:
+        """GPU id -> heatmap cell (live.heat_cell), of every fan-out: its log of ticks decoded, in order."""
+        cells: dict[int, int] = {}
+        for log_ in self.heat_log.values():
+            for runs in log_:
+                cells.update(decode_runs(json.loads(runs)))
+        return cells
+
+    async def declare(self) -> None:
+        """Tell the fan-outs (live.Watching) which nodes this hub's pages show, if that changed. Only once
+        the hub is in the ticks' group: a fan-out gives a hub it sees for the first time every heatmap cell."""
+        async with self.declaring:
+            shown = self.shown_nodes()
+            if not self.joined or (shown,) == self.declared:
+                return
+            try:
+                await self.watching.declare(self.id, shown)
+                self.declared = (shown,)
+            except (RedisError, OSError) as exc:  # declared again within Watching.TTL_S / 3
+                log.warning("live hub: could not say what its pages show: %s", exc)
+
+    def shown_nodes(self) -> frozenset[str] | None:
+        subscriptions = self.watchers.values()
+        if any(s.nodes is None for s in subscriptions):
+            return None
+        return frozenset().union(*(s.nodes for s in subscriptions))
 
     async def catch_up(self, watcher: Watcher, before: Subscription | None, after: Subscription) -> None:
         """The newest values of the nodes a page shows from now on, if they are recent."""
@@ -157,36 +199,48 @@ class LiveHub:
         if self.watchers or self.task is None:
             return
         self.task.cancel()  # its `run` leaves the group; a page that comes later starts a new one
-        self.task = None
+        self.task, self.joined, self.declared = None, False, None
         self.sent.clear()
-        self.cells.clear()  # they go stale out of the ticks; the full colours come every FULL_COLOURS_S
+        self.heat_log.clear()  # stale out of the ticks; a new hub gets every cell with its first tick
 
     async def run(self) -> None:
-        channel = await self.layer.new_channel()
+        hub, channel, declaring = self.id, await self.layer.new_channel(), None
         try:
             while True:
                 try:
                     await self.layer.group_add(TICKS_GROUP, channel)
                     joined = time.monotonic()
+                    if declaring is None:
+                        self.joined = True
+                        declaring = asyncio.get_running_loop().create_task(self.keep_declared())
                     while time.monotonic() - joined < REJOIN_S:
                         await self.dispatch(await self.layer.receive(channel))
                 except (RedisError, OSError) as exc:  # Redis restarting: ticks resume when it is back
                     log.warning("live hub: %s; joining the ticks again in 1 s", exc)
                     await asyncio.sleep(1)
         finally:
-            await self.quit(channel)
+            if declaring is not None:
+                declaring.cancel()
+            await self.quit(hub, channel)
 
-    async def quit(self, channel: str) -> None:
+    async def keep_declared(self) -> None:
+        """What this hub's pages show, in live.Watching for as long as it runs (its declaration expires)."""
+        while True:
+            self.declared = None  # said again, whether it changed or not
+            await self.declare()
+            await asyncio.sleep(Watching.TTL_S / 3)
+
+    async def quit(self, hub: str, channel: str) -> None:
         try:
+            await self.watching.withdraw(hub)
             await self.layer.group_discard(TICKS_GROUP, channel)
         except (RedisError, OSError) as exc:  # its membership expires with the group (channel_layer expiry)
             log.warning("live hub: could not leave the ticks: %s", exc)
 
     async def dispatch(self, tick: dict[str, Any]) -> None:
         reported = [str(node) for node in tick["nodes"]]
-        cells = tick["cells"]
-        self.cells.update(zip(cells[::2], cells[1::2], strict=True))  # in C; kept for pages that come later
-        heat = f'{{"type":"fleet.heatmap","sent":{tick["sent"]!r},{tick["heat"]}}}'
+        self.keep_cells(tick["source"], tick["cells"], tick["full"])
+        heat = f'{{"type":"fleet.heatmap","sent":{tick["sent"]!r},"cells":{tick["cells"]},"nodes":{tick["nodes_json"]}}}'
         fetched = await self.values.fetch(self.shown(reported))
         fresh = {node: text for node, (_, text) in fetched.items() if self.sent.get(node) != text}
         self.sent.update(fresh)
@@ -197,13 +251,35 @@ class LiveHub:
             if subscription.heatmap:
                 watcher.deliver(heat)
 
+    def keep_cells(self, source: str, runs: str, full: bool) -> None:
+        """A tick's cells, kept as they came (text) for the pages that subscribe later."""
+        kept = self.heat_log.setdefault(source, [])
+        if full:
+            kept.clear()
+        if runs != "[]":
+            kept.append(runs)
+        if len(kept) > HEAT_LOG_MAX:  # no full set for a while: fold them into one
+            folded: dict[int, int] = {}
+            for text in kept:
+                folded.update(decode_runs(json.loads(text)))
+            kept[:] = [json.dumps(heat_runs(folded), separators=(",", ":"))]
+
     def shown(self, reported: list[str]) -> list[str]:
         """Those of the reported nodes that a local page shows."""
-        subscriptions = self.watchers.values()
-        if any(s.nodes is None for s in subscriptions):
+        watched = self.shown_nodes()
+        if watched is None:
             return reported
-        watched = set().union(*(s.nodes for s in subscriptions))
         return [node for node in reported if node in watched]
+
+
+def decode_runs(flat: list[int]) -> dict[int, int]:
+    """GPU id -> cell from live.heat_runs' [first id, count, cell, ..., first id, count, ...]."""
+    cells, k = {}, 0
+    while k < len(flat):
+        first, count = flat[k], flat[k + 1]
+        cells.update(zip(range(first, first + count), flat[k + 2 : k + 2 + count], strict=True))
+        k += 2 + count
+    return cells
 
 
 def heat_text(cells: dict[int, int], sent: float, nodes: list[int]) -> str:

@@ -1,6 +1,9 @@
 // The browser's live feed: one websocket to /ws/fleet/, reconnecting with backoff, and the stale timer.
 // The page tells the server what it shows (dashboard/subscriptions.py): the nodes of its [data-watch]
 // elements, the heatmap if it has one, and a node the user points at (Live.watch); ticks carry only that.
+// On a page with the heatmap (the fleet page) only the cards on screen (and about a screen around it) are
+// watched, not every card of its page; the heatmap's messages name the nodes that reported, which keeps every
+// card's status live, and a card that scrolls into view gets its node's current values at once.
 "use strict";
 // `var` and the guard: base.html loads this on every page and some pages load it again; one socket.
 var Live = window.Live || (() => {
@@ -25,7 +28,7 @@ var Live = window.Live || (() => {
     socket = ws;
     ws.onopen = () => {
       retry = 500; opens += 1; isOpen = true; setStatus("live", true);
-      subscribe(); // a new socket has no subscription
+      subscribed = null; subscribe(); // a new socket has no subscription
       handlers.open.forEach((h) => h(opens));
     };
     ws.onclose = () => {
@@ -47,12 +50,31 @@ var Live = window.Live || (() => {
   const nodesSeen = new Set(); // every node whose values reached this page (the browser tests read it)
   window.layercakeNodesSeen = nodesSeen;
   let pointedAt = null; // a node the page shows for a moment (a heatmap hover), besides its own
+  let onScreen = null; // the [data-watch] elements on screen, on a page with the heatmap (null: watch them all)
+  let observed = null, resubscribe = null;
+  function observeCards() {
+    if (observed !== null || !("IntersectionObserver" in window)) return;
+    onScreen = new Set();
+    observed = new IntersectionObserver((entries) => {
+      entries.forEach((e) => { if (e.isIntersecting) onScreen.add(e.target); else onScreen.delete(e.target); });
+      clearTimeout(resubscribe); // a scroll moves many cards: one subscribe once it rests
+      resubscribe = setTimeout(subscribe, 100);
+    }, { rootMargin: "100% 0px" });
+    document.querySelectorAll("[data-watch]").forEach((el) => observed.observe(el));
+  }
+
+  let subscribed = null; // what the server was last asked for (the same again is not sent)
   function subscribe() {
-    const nodes = [...new Set([...document.querySelectorAll("[data-watch]")].map((el) => Number(el.dataset.watch)))];
-    if (pointedAt !== null && !nodes.includes(pointedAt)) nodes.push(pointedAt);
     const heatmap = document.getElementById("heatmap") !== null;
+    if (heatmap) observeCards();
+    const watched = onScreen === null ? document.querySelectorAll("[data-watch]") : onScreen;
+    const nodes = [...new Set([...watched].map((el) => Number(el.dataset.watch)))].sort((a, b) => a - b);
+    if (pointedAt !== null && !nodes.includes(pointedAt)) nodes.push(pointedAt);
     if (!isOpen || (!nodes.length && !heatmap)) return;
-    socket.send(JSON.stringify({ type: "subscribe", ref: "subscribe", nodes, heatmap }));
+    const text = JSON.stringify({ type: "subscribe", ref: "subscribe", nodes, heatmap });
+    if (text === subscribed) return;
+    subscribed = text;
+    socket.send(text);
   }
 
   function nodeStatus(msg) {
@@ -66,6 +88,8 @@ var Live = window.Live || (() => {
       for (const n of msg.nodes) { lastSeen.set(String(n.node), Date.now()); markStatus(String(n.node), "online"); nodesSeen.add(n.node); }
       handlers.update.forEach((h) => h(msg));
     } else if (msg.type === "fleet.heatmap") {
+      const now = Date.now();
+      for (const n of msg.nodes) { lastSeen.set(String(n), now); markStatus(String(n), "online"); }
       handlers.heatmap.forEach((h) => h(msg));
     } else if (msg.type === "fleet.subscribed") {
       window.layercakeSubscribed = msg; // what the server now sends this page (the browser tests read it)

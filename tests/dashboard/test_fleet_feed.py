@@ -15,7 +15,7 @@ from django.test import Client
 from agents import protocol
 from dashboard import ingest
 from dashboard.consumers import FleetConsumer
-from dashboard.live import TICKS_GROUP, FleetFanout, announce_deployment
+from dashboard.live import TICKS_GROUP, FleetFanout, Watching, announce_deployment
 from dashboard.models import Node
 from layercake.asgi import application
 
@@ -42,9 +42,10 @@ async def browser(user, subscribe: dict | None = None) -> WebsocketCommunicator:
 
 
 async def hub_listening() -> None:
+    """Until the hub is in the ticks and has told the fan-outs what its pages show (live.Watching)."""
     layer = get_channel_layer()
     async with asyncio.timeout(5):
-        while not layer.groups.get(TICKS_GROUP):
+        while not layer.groups.get(TICKS_GROUP) or not await Watching(layer).read():
             await asyncio.sleep(0.01)
 
 

@@ -181,7 +181,7 @@ async def test_it_leaves_the_ticks_when_its_last_page_closes_and_joins_them_agai
     assert await _joined(True)  # one page still open
     await second.disconnect()
     await until(lambda: _joined(False))  # gone from the group: ticks no longer reach this process
-    assert not subscriptions.live_hub().cells and not subscriptions.live_hub().sent
+    assert not subscriptions.live_hub().heat_log and not subscriptions.live_hub().sent
     again = await browser(alice, {"nodes": [node]})
     try:
         await until(lambda: _joined(True))
@@ -224,7 +224,7 @@ async def test_it_gives_the_heatmap_to_a_page_that_subscribes_as_the_linger_ends
     first = LingerPage()
     await hub.watch(first, subscriptions.Subscription(frozenset({"1"}), heatmap=True))
     await asyncio.sleep(0.05)
-    hub.cells[7] = 5  # a colour the hub holds for pages that come later
+    hub.keep_cells("fan-out", "[7,1,5]", full=True)  # a colour the hub holds for pages that come later
     hub.forget(first)
     fetch = hub.values.fetch
 

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from dashboard import alerts
 from dashboard.choices import DeploymentState
-from dashboard.live import Colours, GpuPoint, announce_deployment, publish_tick
+from dashboard.live import GpuPoint, Publisher, announce_deployment, publish_tick
 from dashboard.models import Alert, Deployment
 from tests import storm
 from tests.conftest import point_celery_at
@@ -36,14 +36,14 @@ class Ticks:
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self) -> None:
-        send, colours = async_to_sync(publish_tick), Colours()
+        send, publisher = async_to_sync(publish_tick), Publisher()
         while not self.stop.wait(0.3):
             nodes = [
                 {"node": node, "t": time.time(), "gpus": {str(g): self.point(g) for g in gpus}}
                 for node, gpus in self.fleet.items()
                 if node not in self.silent
             ]
-            send(nodes, colours)
+            send(nodes, publisher)
 
     def point(self, gpu: int) -> GpuPoint:
         return GpuPoint(self.util.get(gpu, 42.0), 1000.0 + gpu, 24576.0, 50.0, 200.0, 5.0)
@@ -79,16 +79,31 @@ def test_it_gives_a_node_page_only_its_node(live_stack, alice, browser, ticking)
     assert page.evaluate("window.layercakeSubscribed.nodes") == [nodes[7].pk]
 
 
-def test_it_sends_the_fleet_page_the_nodes_of_the_page_and_the_filter_shown(
+NEAR_SCREEN = """[...document.querySelectorAll("section.node")].filter((el) => {
+    const r = el.getBoundingClientRect();  // static/js/live.js watches a screen above and below too
+    return r.bottom > -innerHeight && r.top < 2 * innerHeight;
+}).map((el) => Number(el.dataset.node))"""
+
+
+def test_it_sends_the_fleet_page_the_nodes_of_its_cards_on_screen_of_the_page_and_the_filter_shown(
     live_stack, alice, browser, ticking
 ):
     nodes, ticks = ticking
     ticks.util[nodes[1].gpus.get(index=0).pk] = 77.0
-    page = browser.new_page()
+    page = browser.new_page(viewport={"width": 1280, "height": 720})
     login(page, live_stack.url)
-    assert seen_after_a_while(page) == {n.pk for n in nodes[:50]}  # page 1 of the list: 50 cards
+    seen = seen_after_a_while(page)
+    assert seen == set(page.evaluate(NEAR_SCREEN)) and nodes[1].pk in seen and len(seen) < 50, seen
     row = page.locator(f"section[data-node='{nodes[1].pk}'] tr.gpu").first
     assert row.locator("td.util").inner_text() == "77 %"  # the live value, not the page's stored one
+    page.locator(f"section[data-node='{nodes[49].pk}']").scroll_into_view_if_needed()
+    page.wait_for_function(
+        f"window.layercakeSubscribed.nodes.includes({nodes[49].pk})"
+        f" && !window.layercakeSubscribed.nodes.includes({nodes[0].pk})",
+        timeout=10000,
+    )
+    seen = seen_after_a_while(page)
+    assert seen == set(page.evaluate(NEAR_SCREEN)) and nodes[49].pk in seen and nodes[0].pk not in seen
     page.click("a[rel=next]")
     page.wait_for_url("**page=2**")
     assert seen_after_a_while(page) == {nodes[50].pk, nodes[51].pk}
@@ -97,6 +112,26 @@ def test_it_sends_the_fleet_page_the_nodes_of_the_page_and_the_filter_shown(
     page.wait_for_url(f"**q={nodes[20].name}**")
     assert seen_after_a_while(page) == {nodes[20].pk}
     assert page.locator("section.node").count() == 1
+
+
+def card_status(page, node) -> str:
+    return page.locator(f"section[data-node='{node.pk}']").get_attribute("data-status")
+
+
+def test_it_keeps_the_status_of_cards_off_screen_live_from_the_heatmap(live_stack, alice, browser, ticking):
+    nodes, ticks = ticking
+    page = browser.new_page(viewport={"width": 1280, "height": 720})
+    login(page, live_stack.url)
+    page.wait_for_function("window.layercakeSubscribed !== undefined", timeout=15000)
+    assert nodes[49].pk not in page.evaluate("window.layercakeSubscribed.nodes")  # off screen: no values
+    page.wait_for_timeout(4500)  # past 3 of its 1 s intervals: a card without news would be stale
+    assert card_status(page, nodes[49]) == "online"
+    ticks.silent.add(nodes[49].pk)
+    page.wait_for_function(
+        f"document.querySelector(\"section[data-node='{nodes[49].pk}']\").dataset.status === 'stale'",
+        timeout=10000,
+    )
+    assert card_status(page, nodes[48]) == "online"
 
 
 def cell_colour(gpu: int) -> str:
