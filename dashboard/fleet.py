@@ -32,7 +32,8 @@ def latest_samples(gpus: list[Gpu]) -> dict[int, GpuSample]:
     # 1.06 s for 800 GPUs with ten minutes of samples, growing with the raw window.)
     newest = GpuSample.objects.filter(gpu=OuterRef("pk")).order_by("-t").values("pk")[:1]
     ids = Gpu.objects.filter(pk__in=[g.pk for g in gpus]).annotate(last=Subquery(newest)).values("last")
-    return {s.gpu_id: s for s in GpuSample.objects.filter(pk__in=ids)}
+    # No order_by: Meta ordering (gpu, t) follows Gpu's and Node's and joins both tables only to sort.
+    return {s.gpu_id: s for s in GpuSample.objects.filter(pk__in=ids).order_by()}
 
 
 def fleet_overview(nodes: QuerySet[Node] | None = None) -> list[tuple[Node, list[GpuRow]]]:
