@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -21,6 +21,7 @@ from dashboard.choices import AlertStatus, DeploymentState, NodeStatus
 from dashboard.fleet import GpuRow, gpu_holders
 from dashboard.live import GpuPoint, heat_cell
 from dashboard.models import Alert, Deployment, Gpu, GpuSample, Node
+from dashboard.models.fleet import node_status
 
 PAGE_SIZE = 50
 BUSY_UTIL = 10.0  # % utilization from which a GPU counts as busy
@@ -181,12 +182,8 @@ def latest_points() -> dict[int, GpuPoint]:
     }
 
 
-def _status(node: Node, now: datetime) -> str:
-    if node.last_seen is None:
-        return NodeStatus.NEW
-    if now - node.last_seen <= timedelta(seconds=node.interval_s * settings.STALE_AFTER_INTERVALS):
-        return NodeStatus.ONLINE
-    return NodeStatus.STALE if node.connected else NodeStatus.OFFLINE
+def _status(node: Any, now: datetime) -> str:
+    return node_status(node.last_seen, node.interval_s, node.connected, now)
 
 
 def _deployed_nodes() -> set[int]:
