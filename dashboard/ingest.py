@@ -448,7 +448,9 @@ class IngestBuffer:
     """Per-process write-behind buffer shared by all agent connections of this server process.
 
     `queue_jobs` gets the follow-up tasks of the reports once they are committed (in the database thread);
-    `listeners` get the stored items on the event loop. The agent consumer wires both (consumers.py).
+    `listeners` get the stored items on the event loop; `received` each item as it arrives, before it is stored
+    (the browsers' live values: waiting for the flush and the store added ~0.1-0.4 s, and SQLite's write lock
+    more, to every value on its way to a page). The agent consumer wires them (consumers.py).
     """
 
     queue_jobs: Callable[[list[Job]], None]
@@ -457,6 +459,7 @@ class IngestBuffer:
     pending: list[Pending] = field(default_factory=list)
     rows_pending: int = 0
     listeners: list[Callable[[list[Pending]], None]] = field(default_factory=list)
+    received: list[Callable[[list[Pending]], None]] = field(default_factory=list)
     _task: asyncio.Task | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -465,6 +468,8 @@ class IngestBuffer:
         return any(item.node_id == node_id for item in self.pending)
 
     def add(self, item: Pending) -> None:
+        for listener in self.received:
+            listener([item])
         self.pending.append(item)
         self.rows_pending += len(item.rows) + len(item.logs)
         self._ensure_running()

@@ -249,7 +249,8 @@ class FleetFanout:
         self._last_sent = 0.0
 
     def record(self, batch: list[StoredItem]) -> None:
-        """Keep the newest sample per GPU from a stored batch; called by the ingest buffer."""
+        """Keep the newest sample per GPU of these items, and their deployment summaries. The ingest buffer
+        calls it with each item as it arrives (its samples), then `record_summaries` once it is stored."""
         for item in batch:
             if item.deployment_summary is not None:
                 self.deployments[item.deployment_summary["id"]] = item.deployment_summary
@@ -259,6 +260,16 @@ class FleetFanout:
             for row in item.rows:
                 entry["gpus"][str(row.gpu_id)] = gpu_point(row)
             entry["t"] = max(entry["t"], item.sampled_at)
+        self._schedule()
+
+    def record_summaries(self, batch: list[StoredItem]) -> None:
+        """The deployment summaries of a stored batch (made in its transaction; its samples went on arrival)."""
+        for item in batch:
+            if item.deployment_summary is not None:
+                self.deployments[item.deployment_summary["id"]] = item.deployment_summary
+        self._schedule()
+
+    def _schedule(self) -> None:
         if (self.latest or self.deployments) and (self._task is None or self._task.done()):
             # Leading edge: send at once unless the previous tick went out less than a period ago.
             delay = max(0.0, self._last_sent + self.period - time.monotonic())
