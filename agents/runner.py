@@ -31,6 +31,9 @@ from agents.ring import Outbox, outbox_owner
 from agents.supervisor import Supervisor
 
 log = logging.getLogger("agents")
+# No permessage-deflate on the agent's socket: a samples frame is ~2 KB a second, and compressing every frame and
+# every ack cost the server's event loop ~10 % of its work at 1,000 agents (bench/README.md, "Full stack").
+COMPRESSION = None
 
 
 class AgentRejected(RuntimeError):
@@ -325,7 +328,11 @@ class Agent:
     async def session(self, backoff: Backoff) -> None:
         headers = {"Authorization": f"Bearer {self.token}"}
         async with websockets.connect(
-            self.ws_url(), additional_headers=headers, open_timeout=10, max_size=protocol.MAX_FRAME_BYTES
+            self.ws_url(),
+            additional_headers=headers,
+            open_timeout=10,
+            max_size=protocol.MAX_FRAME_BYTES,
+            compression=COMPRESSION,
         ) as ws:
             welcome = await self.say_hello(ws)
             backoff.reset()

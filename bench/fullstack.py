@@ -82,6 +82,8 @@ class Feed(Browser):
     def __init__(self, url: str, sessionid: str) -> None:
         super().__init__(url, sessionid)
         self.latencies: list[tuple[float, float]] = []  # (received, ms since the sample)
+        # (received, ms from the sample to the fan-out's send of its tick, ms from that send to receipt)
+        self.legs: list[tuple[float, float, float]] = []
         self.statuses: list[tuple[float, int, str]] = []  # (received, node, status)
         self.bench_online: set[int] = set()  # the simulated fleet's nodes announced online (not the demo's)
         self.connections = 0
@@ -94,6 +96,8 @@ class Feed(Browser):
         now, kind = time.time(), message["type"]
         if kind == "fleet.update":
             self.latencies.extend((now, (now - n["t"]) * 1000) for n in message["nodes"])
+            sent = message["sent"]
+            self.legs.extend((now, (sent - n["t"]) * 1000, (now - sent) * 1000) for n in message["nodes"])
         elif kind in ("fleet.node", "fleet.nodes"):
             for node in message.get("nodes", [message]):
                 self.statuses.append((now, node["node"], node["status"]))
@@ -290,6 +294,8 @@ async def measure(
 
 def feed_figures(feed: Feed, start: float, end: float) -> dict:
     latencies = [ms for at, ms in feed.latencies if start <= at <= end]
+    to_tick = [a for at, a, _ in feed.legs if start <= at <= end]
+    tick_to_browser = [b for at, _, b in feed.legs if start <= at <= end]
     not_online = [
         (node, status) for at, node, status in feed.statuses if start <= at <= end and status in NOT_ONLINE
     ]
@@ -297,6 +303,11 @@ def feed_figures(feed: Feed, start: float, end: float) -> dict:
         "p50_to_browser_ms": _round(percentile(latencies, 0.5)),
         "p99_to_browser_ms": _round(percentile(latencies, 0.99)),
         "browser_node_updates": len(latencies),
+        # where the time goes: sample -> the fan-out's send (agent, ingest, flush, tick wait), then -> browser
+        "p50_sample_to_tick_ms": _round(percentile(to_tick, 0.5)),
+        "p99_sample_to_tick_ms": _round(percentile(to_tick, 0.99)),
+        "p50_tick_to_browser_ms": _round(percentile(tick_to_browser, 0.5)),
+        "p99_tick_to_browser_ms": _round(percentile(tick_to_browser, 0.99)),
         "browser_reconnects": max(0, feed.connections - 1),
         "nodes_shown_stale_or_offline": len({node for node, _ in not_online}),
         "stale_or_offline_announcements": len(not_online),

@@ -1,10 +1,10 @@
 """Websocket consumers: the agent endpoint and the browsers' live feed. Thin: rules live in ingest.py.
 
 Where an agent's frame goes: `AgentConsumer` validates it (agents.protocol) and hands it to this process's
-`ingest_buffer()`, which writes it to the database (ingest.store_batch, on the agents' database thread:
+`ingest_buffer()`, which hands its samples to the browsers' fan-out at once (live.FleetFanout, one "fleet"
+tick per FANOUT_SECONDS), writes it to the database (ingest.store_batch, on the agents' database thread:
 agent_db), then queues the tasks its report calls for (tasks.enqueue: a multi-node head up or failed), then
-passes the stored samples and deployment summaries to the browsers' fan-out (live.FleetFanout, one "fleet"
-tick per FANOUT_SECONDS), then acks the agent.
+passes the deployment summaries made in that transaction to the fan-out, then acks the agent.
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ def ingest_buffer() -> ingest.IngestBuffer:
     loop = asyncio.get_running_loop()
     if loop not in _buffers:
         fanout = FleetFanout(settings.FANOUT_SECONDS)
-        _buffers[loop] = ingest.IngestBuffer(queue_jobs=tasks.enqueue, listeners=[fanout.record])
+        _buffers[loop] = ingest.IngestBuffer(
+            queue_jobs=tasks.enqueue, listeners=[fanout.record_summaries], received=[fanout.record]
+        )
         LIVE.attach(_buffers[loop])  # /metrics reads the newest readings and the rows waiting
     return _buffers[loop]
 

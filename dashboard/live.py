@@ -84,9 +84,14 @@ def gpu_point(row: Any) -> GpuPoint:
 
     To a tenth: the pages show whole numbers, and full float precision made the tick 1.8 times as long.
     """
-    total = row.mem_used_mib + row.mem_free_mib
-    return GpuPoint(
-        *(round(v, 1) for v in (row.util_gpu, row.mem_used_mib, total, row.temp_c, row.power_w, row.util_mem))
+    used = row.mem_used_mib
+    return GpuPoint(  # each round() spelt out: a generator here was most of the fan-out's per-sample cost
+        round(row.util_gpu, 1),
+        round(used, 1),
+        round(used + row.mem_free_mib, 1),
+        round(row.temp_c, 1),
+        round(row.power_w, 1),
+        round(row.util_mem, 1),
     )
 
 
@@ -350,7 +355,8 @@ class FleetFanout:
         self._last_sent = 0.0
 
     def record(self, batch: list[StoredItem]) -> None:
-        """Keep the newest sample per GPU from a stored batch; called by the ingest buffer."""
+        """Keep the newest sample per GPU of these items, and their deployment summaries. The ingest buffer
+        calls it with each item as it arrives (its samples), then `record_summaries` once it is stored."""
         for item in batch:
             if item.deployment_summary is not None:
                 self.deployments[item.deployment_summary["id"]] = item.deployment_summary
@@ -360,6 +366,16 @@ class FleetFanout:
             for row in item.rows:
                 entry["gpus"][str(row.gpu_id)] = gpu_point(row)
             entry["t"] = max(entry["t"], item.sampled_at)
+        self._schedule()
+
+    def record_summaries(self, batch: list[StoredItem]) -> None:
+        """The deployment summaries of a stored batch (made in its transaction; its samples went on arrival)."""
+        for item in batch:
+            if item.deployment_summary is not None:
+                self.deployments[item.deployment_summary["id"]] = item.deployment_summary
+        self._schedule()
+
+    def _schedule(self) -> None:
         if (self.latest or self.deployments) and (self._task is None or self._task.done()):
             # Leading edge: send at once unless the previous tick went out less than a period ago.
             delay = max(0.0, self._last_sent + self.period - time.monotonic())

@@ -67,11 +67,7 @@ class Node(models.Model):
         return timedelta(seconds=self.interval_s * settings.STALE_AFTER_INTERVALS)
 
     def status(self, now: datetime | None = None) -> str:
-        if self.last_seen is None:
-            return NodeStatus.NEW
-        if (now or timezone.now()) - self.last_seen <= self.stale_after():
-            return NodeStatus.ONLINE
-        return NodeStatus.STALE if self.connected else NodeStatus.OFFLINE
+        return node_status(self.last_seen, self.interval_s, self.connected, now or timezone.now())
 
     def status_color(self) -> str:
         return NodeStatus.color(self.status())
@@ -82,6 +78,15 @@ class Node(models.Model):
 
     def status_label(self) -> str:
         return NodeStatus.label(self.status())
+
+
+def node_status(last_seen: datetime | None, interval_s: float, connected: bool, now: datetime) -> str:
+    """A node's state from its row's fields (the fleet page reads rows, not Node instances)."""
+    if last_seen is None:
+        return NodeStatus.NEW
+    if now - last_seen <= timedelta(seconds=interval_s * settings.STALE_AFTER_INTERVALS):
+        return NodeStatus.ONLINE
+    return NodeStatus.STALE if connected else NodeStatus.OFFLINE
 
 
 def _digest(token: str) -> str:

@@ -117,3 +117,21 @@ async def test_it_reads_the_busy_reply_of_a_server_that_closed_before_the_hello_
     with pytest.raises(ServerBusy) as raised:
         await agent().session(Backoff())
     assert raised.value.retry_after == 6.0
+
+
+@pytest.mark.asyncio
+async def test_it_connects_without_compression():
+    """A samples frame is ~2 KB a second: deflating it and every ack cost the server more than it saved."""
+    offered: list[str | None] = []
+
+    async def server(ws) -> None:
+        offered.append(ws.request.headers.get("Sec-WebSocket-Extensions"))
+        await ws.send(protocol.error("unauthorized", "no"))
+
+    async with websockets.serve(server, "127.0.0.1", 0) as served:
+        port = served.sockets[0].getsockname()[1]
+        runner = agent()
+        runner.server = f"http://127.0.0.1:{port}"
+        with pytest.raises(Exception):  # noqa: B017 (refused: only the handshake matters here)
+            await runner.session(Backoff())
+    assert offered == [None]

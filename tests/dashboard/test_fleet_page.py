@@ -7,11 +7,13 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.template.defaultfilters import floatformat
 from django.utils import timezone
 
 from dashboard import fleet_view
 from dashboard.choices import DeploymentState
 from dashboard.models import Alert, Deployment, GpuSample, Node
+from dashboard.templatetags.fleet_tags import whole
 from tests import storm
 
 pytestmark = pytest.mark.django_db
@@ -128,3 +130,21 @@ def test_it_keeps_the_page_small_at_a_thousand_nodes_of_eight_gpus(client, alice
     assert len(cards(html)) == fleet_view.PAGE_SIZE
     assert sum(len(n[4]) for n in heatmap_data(html)["nodes"]) == 8000
     assert len(html.encode()) < 500_000, len(html.encode())
+
+
+def test_it_shows_each_gpus_newest_values_in_its_card_rounded_as_the_template_filter_does(
+    client, alice, fleet
+):
+    GpuSample.objects.filter(gpu__node=fleet[0]).update(util_gpu=94.5, mem_used_mib=2047.5, power_w=-0.4)
+    html = page(client, alice)
+    card = html.split(f'data-node="{fleet[0].pk}"')[1].split("</section>")[0]
+    assert card.count('<tr class="gpu"') == 2
+    assert "95 %" in card and "2048 / 24576 MiB" in card and "40 °C" in card and "0 W" in card
+    assert 'style="width: 8%"' in card  # 2047.5 of 24575.5 MiB
+    silent = html.split(f'data-node="{fleet[3].pk}"')[1].split("</section>")[0]
+    assert "– / " in silent and 'style="width: 0%"' in silent
+
+
+@pytest.mark.parametrize("value", [0.0, -0.0, 0.5, 1.5, 2.5, -0.5, 99.95, 24575.5, 0.49999, float("inf")])
+def test_it_rounds_a_reading_as_floatformat_0_does(value):
+    assert whole(value) == str(floatformat(value, 0))

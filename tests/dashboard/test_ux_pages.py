@@ -93,7 +93,7 @@ def test_it_shows_on_the_fleet_page_which_deployment_holds_a_gpu_and_the_gpus_of
     client.force_login(alice)
     html = client.get("/").content.decode()
     assert "GPU0, GPU1" in html and 'class="holder"' in html
-    entries = {e.node: e.rows for e in client.get("/").context["page_entries"]}
+    entries = {e.detail: e.rows for e in client.get("/").context["page_entries"]}
     rows = entries[box]
     assert [r.holder.pk if r.holder else None for r in rows] == ["d1", "d1"]
 
