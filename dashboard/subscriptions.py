@@ -214,7 +214,7 @@ class LiveHub:
                         self.joined = True
                         declaring = asyncio.get_running_loop().create_task(self.keep_declared())
                     while time.monotonic() - joined < REJOIN_S:
-                        await self.dispatch(await self.layer.receive(channel))
+                        await self.take(await self.layer.receive(channel))
                 except (RedisError, OSError) as exc:  # Redis restarting: ticks resume when it is back
                     log.warning("live hub: %s; joining the ticks again in 1 s", exc)
                     await asyncio.sleep(1)
@@ -236,6 +236,14 @@ class LiveHub:
             await self.layer.group_discard(TICKS_GROUP, channel)
         except (RedisError, OSError) as exc:  # its membership expires with the group (channel_layer expiry)
             log.warning("live hub: could not leave the ticks: %s", exc)
+
+    async def take(self, tick: dict[str, Any]) -> None:
+        """A tick, unless it cannot be read: one from a process on other code (a rolling upgrade shares Redis)
+        is skipped, not the end of this process's live values."""
+        try:
+            await self.dispatch(tick)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            log.warning("live hub: skipped a tick it cannot read (%s: %s)", type(exc).__name__, exc)
 
     async def dispatch(self, tick: dict[str, Any]) -> None:
         reported = [str(node) for node in tick["nodes"]]

@@ -243,3 +243,18 @@ async def test_it_gives_the_heatmap_to_a_page_that_subscribes_as_the_linger_ends
     hub.forget(second)
     hub.leave()
     await asyncio.sleep(0.05)
+
+
+async def test_it_skips_a_tick_it_cannot_read_and_takes_the_next(alice):
+    """A process on other code (a rolling upgrade) may send ticks of another shape to the same group."""
+    [node] = await nodes("upgraded")
+    page = await browser(alice, {"nodes": [node]})
+    try:
+        await get_channel_layer().group_send(
+            TICKS_GROUP, {"type": "live.tick", "heat": "[]", "nodes": [node]}
+        )
+        await tick(stored_batch(node, 1_700_000_000.0, 41))
+        update = await received(page, "fleet.update")
+    finally:
+        await page.disconnect()
+    assert [n["node"] for n in update["nodes"]] == [node]
