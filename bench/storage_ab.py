@@ -74,7 +74,7 @@ def main(gpus: int, blocks: int, per_block: int) -> None:
         c.execute("VACUUM")
     print(f"fill {time.perf_counter() - t0:.1f} s", flush=True)
     every = int(settings.STORAGE_EVERY_S)
-    bench.steady_maintain(sql, gpu_ids, now, every, runs=1)  # the history, and one pass
+    bench.steady_maintain(sql, gpu_ids, now, every, raw_s, runs=1)  # the history, and one pass
     new_fold, new_kib = storage.fold, storage.SQLITE_CACHE_KIB
     times = {"before": [], "after": []}
     r = 1

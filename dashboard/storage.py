@@ -34,6 +34,13 @@ from dashboard.models.fleet import ROLLUP_METRICS, GpuRollup
 # and 50,000 ids made a pass at 1,000 x 8 cost 3-5x; 200,000, a pass in two chunks, 2-3x: bench/README.md).
 ROLL_CHUNK_IDS = 500_000
 DELETE_BATCH = 20_000  # raw rows deleted per transaction
+# SQLite: raw rows are swept once the oldest are this far past the raw window (rows up to 1 h + 5.5 min are
+# held, ~40 KB more per GPU), so that each sweep empties every GPU's oldest (gpu, t) index pages whole instead
+# of taking ~30 entries from each GPU's page every pass (bench/README.md, "Storage").
+RAW_SWEEP_S = 300
+# SQLite: raw rows per transaction of a sweep. Deleting through the (gpu, t) index costs ~2.4 us a row at
+# 8,000 GPUs: ~0.2 s of write lock each; with 20,000 a sweep at 8,000 GPUs spent 16 s in the gaps between.
+SWEEP_BATCH = 60_000
 # SQLite: the pause after each such transaction. A writer waiting for the lock (busy timeout) polls it at most
 # 100 ms apart, so a shorter gap could be missed and the pass would keep the lock to itself.
 SQLITE_GAP_S = 0.12
@@ -190,21 +197,75 @@ def bucket_sql(seconds: int, column: str = "t") -> str:
 
 
 def prune_raw(cutoff: datetime, run: StorageRun | None = None) -> int:
-    """Delete raw rows stored before `cutoff` that are rolled up, DELETE_BATCH ids per transaction.
+    """Delete raw rows stored before `cutoff` that are rolled up, in short transactions.
 
-    By id, not by time: ids grow with arrival, so this walks the primary key (raw rows have no time index
-    of their own), and a row is kept at least the raw window after it arrived."""
+    By arrival (sample id), not only by time: a row goes once a run that saw it is older than `cutoff` and
+    it is rolled up, so it is kept at least the raw window after it arrived. On SQLite that takes a sweep
+    every RAW_SWEEP_S, GPU by GPU (`_sweep_by_gpu`); on PostgreSQL, every pass, by id (`_delete_by_id`)."""
     expired, latest = RollupRun.objects.filter(t__lt=cutoff).first(), RollupRun.objects.first()
-    first = GpuSample.objects.order_by("pk").values_list("pk", flat=True).first()
-    if expired is None or latest is None or first is None:
+    if expired is None or latest is None:
         return 0
-    upto, deleted = min(expired.seen_id, latest.rolled_id), 0
+    upto = min(expired.seen_id, latest.rolled_id)
+    if sweeps_by_gpu():
+        swept = _last_sweep(cutoff)
+        if swept is None:
+            return 0
+        deleted = _sweep_by_gpu(cutoff, swept.rolled_id, upto, run)
+    else:
+        deleted = _delete_by_id(upto, run)
+    RollupRun.objects.filter(t__lt=expired.t).delete()  # the newest expired run is all the next pass needs
+    return deleted
+
+
+def sweeps_by_gpu() -> bool:
+    """Whether raw retention sweeps GPU by GPU every RAW_SWEEP_S (SQLite) or deletes by id every pass."""
+    return connection.vendor == "sqlite"
+
+
+def _last_sweep(cutoff: datetime) -> RollupRun | None:
+    """SQLite: the oldest run kept (where the last sweep stopped) if a sweep is due, that is if rows stored
+    more than RAW_SWEEP_S before `cutoff` may be left: a run that old is newer than that one."""
+    oldest = RollupRun.objects.last()
+    edge = cutoff - timedelta(seconds=RAW_SWEEP_S)
+    due = oldest is not None and RollupRun.objects.filter(t__lt=edge, t__gt=oldest.t).exists()
+    return oldest if due else None
+
+
+def _sweep_by_gpu(cutoff: datetime, below: int, upto: int, run: StorageRun | None) -> int:
+    """SQLite: delete the expired rows of a few GPUs per transaction (about SWEEP_BATCH rows), through the
+    (gpu, t) index. SQLite deletes a row's index entry with it, and each GPU's entries are together in that
+    index: a sweep empties its GPUs' index pages whole and writes each page once. Deleting by id range
+    instead (time order, every GPU in each transaction) rewrote every GPU's index page in every transaction.
+    `t < cutoff` bounds each GPU's index range; a row with a later time (an agent's clock ahead) goes in
+    a later sweep. The rows to go are about the ids from `below` (rolled up at the last sweep's run) to `upto`."""
+    first = GpuSample.objects.order_by("pk").values_list("pk", flat=True).first()
+    gpu_ids = list(Gpu.objects.order_by("pk").values_list("pk", flat=True))
+    if first is None or first > upto or not gpu_ids:
+        return 0
+    per_batch = max(1, SWEEP_BATCH * len(gpu_ids) // max(1, upto - max(first - 1, below)))
+    deleted = 0
+    for i in range(0, len(gpu_ids), per_batch):
+        if i:
+            let_writers_in()
+        with write_transaction(run):
+            rows = GpuSample.objects.filter(gpu_id__in=gpu_ids[i : i + per_batch], t__lt=cutoff, pk__lte=upto)
+            deleted += rows.delete()[0]
+    return deleted
+
+
+def _delete_by_id(upto: int, run: StorageRun | None) -> int:
+    """PostgreSQL: delete raw rows with ids up to `upto`, DELETE_BATCH ids per transaction. Ids grow with
+    arrival, so this walks the primary key; PostgreSQL marks the rows deleted in the table and leaves the
+    index entries to vacuum, so the (gpu, t) index's layout does not matter here."""
+    first = GpuSample.objects.order_by("pk").values_list("pk", flat=True).first()
+    if first is None:
+        return 0
+    deleted = 0
     for low in range(first - 1, upto, DELETE_BATCH):
         if low > first - 1:
             let_writers_in()
         with write_transaction(run):
             deleted += GpuSample.objects.filter(pk__gt=low, pk__lte=min(low + DELETE_BATCH, upto)).delete()[0]
-    RollupRun.objects.filter(t__lt=expired.t).delete()  # the newest expired run is all the next pass needs
     return deleted
 
 
