@@ -173,6 +173,19 @@ def time_chart(minutes: int, runs: int = 5) -> dict:
     return {"median_ms": round(statistics.median(times), 1), "max_ms": round(max(times), 1), "points": points}
 
 
+def fill_retention(sql: Sql, gpu_ids: list[int], now: datetime, raw_s: int) -> tuple[int, int, int]:
+    """`raw_s` of raw samples up to `now`, and each tier for its retention; the rows of each."""
+    from django.conf import settings
+
+    end = int(now.timestamp())
+    minutes, hours = int(settings.MINUTE_RETENTION_DAYS * 1440), int(settings.HOUR_RETENTION_DAYS * 24)
+    return (
+        fill_raw(sql, gpu_ids, raw_s, end - raw_s),
+        fill_tier(sql, "dashboard_gpuminute", 60, minutes, end // 60 * 60 - minutes * 60, gpu_ids),
+        fill_tier(sql, "dashboard_gpuhour", 3600, hours, end // 3600 * 3600 - hours * 3600, gpu_ids),
+    )
+
+
 def held_raw_s() -> int:
     """Seconds of raw samples the database holds at most: the raw window, and on SQLite the sweep's slack
     and one pass more (raw retention sweeps every RAW_SWEEP_S there: dashboard/storage.py)."""
@@ -231,15 +244,8 @@ def run(gpus: int) -> dict:
     gpu_ids = make_fleet(gpus)
     sql, now = Sql(connection.vendor), datetime.now(UTC).replace(microsecond=0)
     raw_s = held_raw_s()
-    minutes, hours = int(settings.MINUTE_RETENTION_DAYS * 1440), int(settings.HOUR_RETENTION_DAYS * 24)
     started = time.perf_counter()
-    raw = fill_raw(sql, gpu_ids, raw_s, int(now.timestamp()) - raw_s)
-    minute_rows = fill_tier(
-        sql, "dashboard_gpuminute", 60, minutes, int(now.timestamp()) // 60 * 60 - minutes * 60, gpu_ids
-    )
-    hour_rows = fill_tier(
-        sql, "dashboard_gpuhour", 3600, hours, int(now.timestamp()) // 3600 * 3600 - hours * 3600, gpu_ids
-    )
+    raw, minute_rows, hour_rows = fill_retention(sql, gpu_ids, now, raw_s)
     fill_s = time.perf_counter() - started
     tables = ["dashboard_gpusample", "dashboard_gpuminute", "dashboard_gpuhour"]
     sizes = table_bytes(tables)

@@ -49,16 +49,11 @@ def shorten_windows(raw_minutes: float) -> None:
 
 
 def fill(gpus: int, now: datetime) -> tuple[bench.Sql, list[int], int]:
-    from django.conf import settings
     from django.db import connection
 
     gpu_ids = bench.make_fleet(gpus)
-    sql, end = bench.Sql(connection.vendor), int(now.timestamp())
-    raw_s = bench.held_raw_s()
-    minutes, hours = int(settings.MINUTE_RETENTION_DAYS * 1440), int(settings.HOUR_RETENTION_DAYS * 24)
-    bench.fill_raw(sql, gpu_ids, raw_s, end - raw_s)
-    bench.fill_tier(sql, "dashboard_gpuminute", 60, minutes, end // 60 * 60 - minutes * 60, gpu_ids)
-    bench.fill_tier(sql, "dashboard_gpuhour", 3600, hours, end // 3600 * 3600 - hours * 3600, gpu_ids)
+    sql, raw_s = bench.Sql(connection.vendor), bench.held_raw_s()
+    bench.fill_retention(sql, gpu_ids, now, raw_s)
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE")

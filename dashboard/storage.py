@@ -7,6 +7,10 @@ HOUR_RETENTION_DAYS). It works by sample id, not by time: a sample an agent repl
 the server was away) is merged into its minute and hour when it arrives, not lost from them.
 
 Retention deletes in bounded batches (one short transaction each), raw rows only once they are rolled up.
+On PostgreSQL raw rows go every pass, by id range. On SQLite they go in a sweep every RAW_SWEEP_S (the raw
+window plus up to RAW_SWEEP_S and a pass is held), a few GPUs per transaction through the (gpu, t) index:
+SQLite deletes each row's index entry with it, and deleting 30 s of rows by id range every pass rewrote
+every GPU's index page in every transaction (at 8,000 GPUs, 7 % of a core against 3-4 %: bench/README.md).
 A deployment's metric intervals (DeploymentMetric, one per scrape) are kept METRIC_RETENTION_DAYS; their
 hourly averages (dashboard/metric_hours.py, run by the same beat task) HOUR_RETENTION_DAYS.
 """
