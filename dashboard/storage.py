@@ -211,10 +211,10 @@ def prune_raw(cutoff: datetime, run: StorageRun | None = None) -> int:
         return 0
     upto = min(expired.seen_id, latest.rolled_id)
     if sweeps_by_gpu():
-        swept = _last_sweep(cutoff)
-        if swept is None:
+        first = _sweep_due(cutoff, latest)
+        if first is None:
             return 0
-        deleted = _sweep_by_gpu(cutoff, swept.rolled_id, upto, run)
+        deleted = _sweep_by_gpu(cutoff, first, upto, run)
     else:
         deleted = _delete_by_id(upto, run)
     RollupRun.objects.filter(t__lt=expired.t).delete()  # the newest expired run is all the next pass needs
@@ -226,27 +226,26 @@ def sweeps_by_gpu() -> bool:
     return connection.vendor == "sqlite"
 
 
-def _last_sweep(cutoff: datetime) -> RollupRun | None:
-    """SQLite: the oldest run kept (where the last sweep stopped) if a sweep is due, that is if rows stored
-    more than RAW_SWEEP_S before `cutoff` may be left: a run that old is newer than that one."""
-    oldest = RollupRun.objects.last()
-    edge = cutoff - timedelta(seconds=RAW_SWEEP_S)
-    due = oldest is not None and RollupRun.objects.filter(t__lt=edge, t__gt=oldest.t).exists()
-    return oldest if due else None
+def _sweep_due(cutoff: datetime, latest: RollupRun) -> int | None:
+    """SQLite: the id of the first row to go if a sweep is due, that is if rows stored (and rolled up) more
+    than RAW_SWEEP_S before `cutoff` are left. Runs are kept from one sweep to the next for this. By the
+    primary key: a row left by the last sweep (timed after its cutoff) is passed over, not a reason."""
+    edge = RollupRun.objects.filter(t__lt=cutoff - timedelta(seconds=RAW_SWEEP_S)).first()
+    if edge is None:
+        return None
+    left = GpuSample.objects.filter(pk__lte=min(edge.seen_id, latest.rolled_id), t__lt=cutoff)
+    return left.order_by("pk").values_list("pk", flat=True).first()
 
 
-def _sweep_by_gpu(cutoff: datetime, below: int, upto: int, run: StorageRun | None) -> int:
+def _sweep_by_gpu(cutoff: datetime, first: int, upto: int, run: StorageRun | None) -> int:
     """SQLite: delete the expired rows of a few GPUs per transaction (about SWEEP_BATCH rows), through the
     (gpu, t) index. SQLite deletes a row's index entry with it, and each GPU's entries are together in that
     index: a sweep empties its GPUs' index pages whole and writes each page once. Deleting by id range
     instead (time order, every GPU in each transaction) rewrote every GPU's index page in every transaction.
     `t < cutoff` bounds each GPU's index range; a row with a later time (an agent's clock ahead) goes in
-    a later sweep. The rows to go are about the ids from `below` (rolled up at the last sweep's run) to `upto`."""
-    first = GpuSample.objects.order_by("pk").values_list("pk", flat=True).first()
+    a later sweep. The rows to go are about the ids from `first` to `upto`."""
     gpu_ids = list(Gpu.objects.order_by("pk").values_list("pk", flat=True))
-    if first is None or first > upto or not gpu_ids:
-        return 0
-    per_batch = max(1, SWEEP_BATCH * len(gpu_ids) // max(1, upto - max(first - 1, below)))
+    per_batch = max(1, SWEEP_BATCH * len(gpu_ids) // max(1, upto - first + 1))
     deleted = 0
     for i in range(0, len(gpu_ids), per_batch):
         if i:

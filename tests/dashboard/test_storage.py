@@ -115,12 +115,10 @@ def test_it_keeps_raw_rows_that_are_not_rolled_up_yet(gpu, strategy):
 
 def test_it_sweeps_raw_rows_only_once_the_oldest_are_past_the_sweep_slack(gpu, strategy):
     rows = [add_sample(gpu, T0 + timedelta(seconds=s), 1) for s in range(10)]
-    roll_twice(T0)  # the run at T0 + 30 s saw and rolled up every row
-    early = past_the_sweep(T0 + timedelta(seconds=30)) - timedelta(seconds=2)
+    roll_twice(T0)  # the run at T0 saw every row, the one at T0 + 30 s rolled them up
+    early = past_the_sweep(T0) - timedelta(seconds=2)
     assert storage.prune_raw(early) == (0 if strategy == "by_gpu" else len(rows))
-    assert storage.prune_raw(past_the_sweep(T0 + timedelta(seconds=30))) == (
-        len(rows) if strategy == "by_gpu" else 0
-    )
+    assert storage.prune_raw(past_the_sweep(T0)) == (len(rows) if strategy == "by_gpu" else 0)
     assert not GpuSample.objects.exists()
 
 
@@ -161,6 +159,20 @@ def test_it_keeps_a_late_replay_until_a_run_that_saw_it_is_expired(gpu, strategy
     storage.roll_up(T0 + timedelta(seconds=90))  # rolled it up
     assert storage.prune_raw(past_the_sweep(T0 + timedelta(seconds=90))) == 1
     assert GpuMinute.objects.get(gpu=gpu).n == 2
+
+
+def test_it_sweeps_no_more_often_for_a_row_timed_ahead_of_its_cutoff(gpu, monkeypatch):
+    monkeypatch.setattr(storage, "sweeps_by_gpu", lambda: True)
+    add_sample(gpu, T0 + timedelta(hours=12), 2)  # an agent's clock ahead: left until its time is past
+    add_sample(gpu, T0, 1)
+    roll_twice(T0)
+    assert storage.prune_raw(past_the_sweep(T0)) == 1
+    sweeps = []
+    sweep = storage._sweep_by_gpu
+    monkeypatch.setattr(storage, "_sweep_by_gpu", lambda *args: sweeps.append(args) or sweep(*args))
+    storage.roll_up(T0 + timedelta(seconds=60))
+    assert storage.prune_raw(past_the_sweep(T0) + timedelta(seconds=30)) == 0
+    assert sweeps == [] and GpuSample.objects.count() == 1
 
 
 def test_it_deletes_expired_minute_and_hour_buckets_only(gpu, settings):
