@@ -15,8 +15,8 @@ The raw tier is filled for as long as the database holds it at most (`raw_second
 raw window plus the sweep's slack and a pass, dashboard/storage.py), so the sizes are the peak.
 `maintain_ms` / `maintain_cpu_ms`: the wall and CPU time of `storage.maintain` passes (roll up, then
 retention of every tier) in steady state at this fleet's sample rate (GPUs x 1/s, STORAGE_EVERY_S apart),
-over one whole raw sweep cycle; `maintain_core_share_at_8000_per_s` is their CPU time over the time they
-cover, scaled linearly to 8,000 samples/s (1,000 nodes x 8 GPUs), as a fraction of one core. That scaling
+over whole raw sweep cycles (`steady_window`); `maintain_core_share_at_8000_per_s` is their CPU time over the
+time they cover, scaled linearly to 8,000 samples/s (1,000 nodes x 8 GPUs), as a fraction of one core. That scaling
 is an estimate: bench/storage_steady.py measures the same at 8,000 GPUs.
 """
 
@@ -230,6 +230,16 @@ def steady_maintain(
     return passes
 
 
+def steady_window(passes: list[Pass]) -> list[Pass]:
+    """The passes that make whole raw sweep cycles: from the one after the second pass that swept (the
+    first one also caught up with the filled history) to the last one that swept, which deletes what the
+    passes since the one before added. Where every pass deletes (no sweeps), all passes but the first."""
+    sweeps = [i for i, p in enumerate(passes) if p.result.deleted_raw]
+    if len(sweeps) == len(passes) or len(sweeps) < 3:
+        return passes[1:]
+    return passes[sweeps[1] + 1 : sweeps[-1] + 1]
+
+
 @dataclass
 class Pass:
     wall_s: float
@@ -252,9 +262,9 @@ def run(gpus: int) -> dict:
     chart_24h, chart_7d = time_chart(1440), time_chart(7 * 1440)
     every = int(settings.STORAGE_EVERY_S)
     cycle = passes_per_cycle(every)
-    # After the first pass, a whole sweep cycle: the passes until the next sweep, and that sweep's pass.
-    passes = steady_maintain(sql, gpu_ids, now, every, raw_s, 1 + max(3, cycle))[1:]
-    cpu_share = sum(p.cpu_s for p in passes) / (len(passes) * every)
+    passes = steady_maintain(sql, gpu_ids, now, every, raw_s, 1 + max(3, 3 * cycle))
+    window = steady_window(passes)
+    cpu_share = sum(p.cpu_s for p in window) / (len(window) * every)
     return {
         "database": connection.vendor,
         "gpus": gpus,
@@ -269,6 +279,7 @@ def run(gpus: int) -> dict:
         "chart_7d_ms": chart_7d["median_ms"],
         "charts": {"24h": chart_24h, "7d": chart_7d},
         "raw_seconds_held": raw_s,
+        "maintain_window_passes": len(window),
         "maintain_ms": [round(p.wall_s * 1000, 1) for p in passes],
         "maintain_cpu_ms": [round(p.cpu_s * 1000, 1) for p in passes],
         "longest_write_ms": max(p.result.longest_write_ms for p in passes),
