@@ -42,9 +42,10 @@ DELETE_BATCH = 20_000  # raw rows deleted per transaction
 # held, ~40 KB more per GPU), so that each sweep empties every GPU's oldest (gpu, t) index pages whole instead
 # of taking ~30 entries from each GPU's page every pass (bench/README.md, "Storage").
 RAW_SWEEP_S = 300
-# SQLite: raw rows per transaction of a sweep. Deleting through the (gpu, t) index costs ~2.4 us a row at
-# 8,000 GPUs: ~0.2 s of write lock each; with 20,000 a sweep at 8,000 GPUs spent 16 s in the gaps between.
-SWEEP_BATCH = 60_000
+# SQLite: raw rows per transaction of a sweep. Deleting through the (gpu, t) index costs ~2.7 us of CPU a row
+# at 8,000 GPUs; with 60,000 rows a transaction held the write lock up to 0.4 s, and with 20,000 a sweep at
+# 8,000 GPUs spent 16 s in the gaps between its transactions (bench/README.md, "Storage").
+SWEEP_BATCH = 40_000
 # SQLite: the pause after each such transaction. A writer waiting for the lock (busy timeout) polls it at most
 # 100 ms apart, so a shorter gap could be missed and the pass would keep the lock to itself.
 SQLITE_GAP_S = 0.12
