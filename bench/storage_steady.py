@@ -61,22 +61,31 @@ def fill(gpus: int, now: datetime) -> tuple[bench.Sql, list[int], int]:
 
 
 class PhaseClock:
-    """CPU seconds of each phase of `storage.maintain`, by wrapping the module's functions it calls."""
+    """CPU seconds of each phase of `storage.maintain`, and the longest write transaction of the phases that
+    note theirs (the rollup, raw retention), by wrapping the module's functions it calls."""
 
     def __init__(self) -> None:
         from dashboard import storage
 
         self.cpu = {name: 0.0 for name in PHASES}
+        self.longest_write_ms = {name: 0 for name in PHASES}
         for name in PHASES:
             setattr(storage, name, self._timed(name, getattr(storage, name)))
 
     def _timed(self, name, function):
         def timed(*args, **kwargs):
+            run = args[1] if name in ("roll_up", "prune_raw") and len(args) > 1 else None  # (time, run)
+            before = run.longest_write_ms if run is not None else 0
+            if run is not None:
+                run.longest_write_ms = 0
             started = time.process_time()
             try:
                 return function(*args, **kwargs)
             finally:
                 self.cpu[name] += time.process_time() - started
+                if run is not None:
+                    self.longest_write_ms[name] = max(self.longest_write_ms[name], run.longest_write_ms)
+                    run.longest_write_ms = max(before, run.longest_write_ms)
 
         return timed
 
@@ -117,6 +126,7 @@ def run(gpus: int, passes: int) -> dict:
         "window_raw_rows_added": window_s * gpus,
         "window_raw_rows_deleted": sum(p.result.deleted_raw for p in window),
         "longest_write_ms": max(p.result.longest_write_ms for p in done),
+        "longest_write_ms_by_phase": {k: v for k, v in clock.longest_write_ms.items() if v},
     }
 
 
