@@ -14,7 +14,8 @@ dbstat; PostgreSQL: pg_total_relation_size) and the whole database, and times on
 The raw tier is filled for as long as the database holds it at most (`raw_seconds_held`: on SQLite the
 raw window plus the sweep's slack and a pass, dashboard/storage.py), so the sizes are the peak.
 `maintain_ms` / `maintain_cpu_ms`: the wall and CPU time of `storage.maintain` passes (roll up, then
-retention of every tier) in steady state at this fleet's sample rate (GPUs x 1/s, STORAGE_EVERY_S apart),
+retention of every tier; CPU: this process's and, on PostgreSQL, its server process's) in steady state
+at this fleet's sample rate (GPUs x 1/s, STORAGE_EVERY_S apart),
 over whole raw sweep cycles (`steady_window`); `maintain_core_share_at_8000_per_s` is their CPU time over the
 time they cover, scaled linearly to 8,000 samples/s (1,000 nodes x 8 GPUs), as a fraction of one core. That scaling
 is an estimate: bench/storage_steady.py measures the same at 8,000 GPUs.
@@ -224,10 +225,24 @@ def steady_maintain(
     passes = []
     for r in range(runs):
         fill_raw(sql, gpu_ids, every, int(now.timestamp()) + r * every)
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall, cpu = time.perf_counter(), cpu_s()
         result = storage.maintain(now + timedelta(seconds=(r + 1) * every))
-        passes.append(Pass(time.perf_counter() - wall, time.process_time() - cpu, result))
+        passes.append(Pass(time.perf_counter() - wall, cpu_s() - cpu, result))
     return passes
+
+
+def cpu_s() -> float:
+    """CPU seconds of this process and, on PostgreSQL, of this connection's server process (same machine:
+    the statements' work is done there), read from /proc in clock ticks (10 ms)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return time.process_time()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return time.process_time() + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def steady_window(passes: list[Pass]) -> list[Pass]:

@@ -10,8 +10,8 @@ This fills a scratch SQLite database (or the empty PostgreSQL database DATABASE_
 minute buckets 1 h (not 7 d), hour buckets 1 d (not 90 d). A pass's work depends on the GPUs and the
 samples per pass, not on how far back each tier reaches. Then it runs PASSES passes STORAGE_EVERY_S of new
 samples apart (the samples inserted in time order, as the ingest does; not timed) and reports the
-process's CPU time in the passes of whole sweep cycles (bench/storage.py's `steady_window`) divided by the
-simulated time they cover, as a fraction of one core; the phases' CPU seconds are over all passes.
+process's CPU time (and, on PostgreSQL, its server process's) in the passes of whole sweep cycles (bench/storage.py's `steady_window`) divided by the
+simulated time they cover, as a fraction of one core; the phases' CPU seconds (this process only) are over all passes.
 
 33 passes make 2 whole cycles of SQLite's raw sweeps at the defaults (one every 10-11 passes). LAYERCAKE_CODE=/other/checkout measures that checkout's
 `dashboard` package (its storage code) with this benchmark.
