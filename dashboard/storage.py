@@ -10,7 +10,8 @@ Retention deletes in bounded batches (one short transaction each), raw rows only
 On PostgreSQL raw rows go every pass, by id range. On SQLite they go in a sweep every RAW_SWEEP_S (the raw
 window plus up to RAW_SWEEP_S and a pass is held), a few GPUs per transaction through the (gpu, t) index:
 SQLite deletes each row's index entry with it, and deleting 30 s of rows by id range every pass rewrote
-every GPU's index page in every transaction (at 8,000 GPUs, 7 % of a core against 3-4 %: bench/README.md).
+every GPU's index page in every transaction (at 8,000 GPUs: 8.6 % of a core in CPU, with the sweeps 4.2 %;
+bench/README.md, "Storage").
 A deployment's metric intervals (DeploymentMetric, one per scrape) are kept METRIC_RETENTION_DAYS; their
 hourly averages (dashboard/metric_hours.py, run by the same beat task) HOUR_RETENTION_DAYS.
 """
@@ -37,12 +38,12 @@ from dashboard.models.fleet import ROLLUP_METRICS, GpuRollup
 # chunks would not make it much shorter, and each would merge into every GPU's buckets again (chunks of 20,000
 # and 50,000 ids made a pass at 1,000 x 8 cost 3-5x; 200,000, a pass in two chunks, 2-3x: bench/README.md).
 ROLL_CHUNK_IDS = 500_000
-DELETE_BATCH = 20_000  # raw rows deleted per transaction
+DELETE_BATCH = 20_000  # raw ids deleted per transaction where retention goes by id (PostgreSQL)
 # SQLite: raw rows are swept once the oldest are this far past the raw window (rows up to 1 h + 5.5 min are
-# held, ~40 KB more per GPU), so that each sweep empties every GPU's oldest (gpu, t) index pages whole instead
+# held, ~44 KB more per GPU), so that each sweep empties every GPU's oldest (gpu, t) index pages whole instead
 # of taking ~30 entries from each GPU's page every pass (bench/README.md, "Storage").
 RAW_SWEEP_S = 300
-# SQLite: raw rows per transaction of a sweep. Deleting through the (gpu, t) index costs ~2.7 us of CPU a row
+# SQLite: raw rows per transaction of a sweep. Deleting through the (gpu, t) index costs ~2.5-3 us of CPU a row
 # at 8,000 GPUs; with 60,000 rows a transaction held the write lock up to 0.4 s, and with 20,000 a sweep at
 # 8,000 GPUs spent 16 s in the gaps between its transactions (bench/README.md, "Storage").
 SWEEP_BATCH = 40_000
