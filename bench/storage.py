@@ -11,9 +11,14 @@ from bytes, power in milliwatts / 1000). Then it vacuums and measures each table
 dbstat; PostgreSQL: pg_total_relation_size) and the whole database, and times one node's 24 h and 7 d charts
 (8 GPUs) through `fleet.gpu_history`, the function the pages call, encoded as the page embeds it.
 
-`maintain_ms`: one `storage.maintain` pass (roll up, then retention of every tier) in steady state at this
-fleet's sample rate (GPUs x 1/s, STORAGE_EVERY_S apart); `maintain_core_share_at_8000_per_s` scales it
-linearly to 8,000 samples/s (1,000 nodes x 8 GPUs), as a fraction of one core.
+The raw tier is filled for as long as the database holds it at most (`raw_seconds_held`: on SQLite the
+raw window plus the sweep's slack and a pass, dashboard/storage.py), so the sizes are the peak.
+`maintain_ms` / `maintain_cpu_ms`: the wall and CPU time of `storage.maintain` passes (roll up, then
+retention of every tier; CPU: this process's and, on PostgreSQL, its server process's) in steady state
+at this fleet's sample rate (GPUs x 1/s, STORAGE_EVERY_S apart),
+over whole raw sweep cycles (`steady_window`); `maintain_core_share_at_8000_per_s` is their CPU time over the
+time they cover, scaled linearly to 8,000 samples/s (1,000 nodes x 8 GPUs), as a fraction of one core. That scaling
+is an estimate: bench/storage_steady.py measures the same at 8,000 GPUs.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -168,26 +174,92 @@ def time_chart(minutes: int, runs: int = 5) -> dict:
     return {"median_ms": round(statistics.median(times), 1), "max_ms": round(max(times), 1), "points": points}
 
 
-def steady_maintain(sql: Sql, gpu_ids: list[int], now: datetime, every: float, runs: int = 4) -> list[float]:
-    """Runs as if every `every` s since the raw window began, then `runs` more, each after `every` s of
-    new samples: the last ones show the steady cost (fold `every` s of rows, delete as many)."""
+def fill_retention(sql: Sql, gpu_ids: list[int], now: datetime, raw_s: int) -> tuple[int, int, int]:
+    """`raw_s` of raw samples up to `now`, and each tier for its retention; the rows of each."""
+    from django.conf import settings
+
+    end = int(now.timestamp())
+    minutes, hours = int(settings.MINUTE_RETENTION_DAYS * 1440), int(settings.HOUR_RETENTION_DAYS * 24)
+    return (
+        fill_raw(sql, gpu_ids, raw_s, end - raw_s),
+        fill_tier(sql, "dashboard_gpuminute", 60, minutes, end // 60 * 60 - minutes * 60, gpu_ids),
+        fill_tier(sql, "dashboard_gpuhour", 3600, hours, end // 3600 * 3600 - hours * 3600, gpu_ids),
+    )
+
+
+def held_raw_s() -> int:
+    """Seconds of raw samples the database holds at most: the raw window, and on SQLite the sweep's slack
+    and one pass more (raw retention sweeps every RAW_SWEEP_S there: dashboard/storage.py)."""
     from django.conf import settings
 
     from dashboard import storage
-    from dashboard.models import GpuSample, RollupRun
 
     window = int(settings.SAMPLE_RETENTION_HOURS * 3600)
+    if getattr(storage, "sweeps_by_gpu", lambda: False)():  # code from before the sweeps deletes every pass
+        return window + int(storage.RAW_SWEEP_S + settings.STORAGE_EVERY_S)
+    return window
+
+
+def passes_per_cycle(every: int) -> int:
+    """Passes from one raw sweep to the next (1 where raw retention deletes every pass)."""
+    from dashboard import storage
+
+    if not getattr(storage, "sweeps_by_gpu", lambda: False)():
+        return 1
+    return -(-int(storage.RAW_SWEEP_S + every) // every)
+
+
+def steady_maintain(
+    sql: Sql, gpu_ids: list[int], now: datetime, every: int, filled_s: int, runs: int
+) -> list[Pass]:
+    """Runs as if every `every` s since the filled raw rows began (`filled_s` before `now`), then `runs` more,
+    each after `every` s of new samples: the steady cost (fold `every` s of rows; delete as many, on SQLite
+    a sweep's worth every few passes). Each pass's wall and CPU seconds."""
+    from dashboard import storage
+    from dashboard.models import GpuSample, RollupRun
+
     ids = list(GpuSample.objects.order_by("pk").values_list("pk", flat=True)[:: len(gpu_ids)])
-    for k in range(0, window, int(every)):  # the history the filled hour would have left
-        top = ids[min(k + int(every), len(ids) - 1)] + len(gpu_ids) - 1
-        RollupRun.objects.create(t=now - timedelta(seconds=window - k), seen_id=top, rolled_id=top)
-    elapsed = []
+    for k in range(0, filled_s, every):  # the history the filled rows would have left
+        top = ids[min(k + every, len(ids) - 1)] + len(gpu_ids) - 1
+        RollupRun.objects.create(t=now - timedelta(seconds=filled_s - k), seen_id=top, rolled_id=top)
+    passes = []
     for r in range(runs):
-        fill_raw(sql, gpu_ids, int(every), int(now.timestamp()) + r * int(every))
-        started = time.perf_counter()
-        storage.maintain(now + timedelta(seconds=(r + 1) * every))
-        elapsed.append((time.perf_counter() - started) * 1000)
-    return elapsed
+        fill_raw(sql, gpu_ids, every, int(now.timestamp()) + r * every)
+        wall, cpu = time.perf_counter(), cpu_s()
+        result = storage.maintain(now + timedelta(seconds=(r + 1) * every))
+        passes.append(Pass(time.perf_counter() - wall, cpu_s() - cpu, result))
+    return passes
+
+
+def cpu_s() -> float:
+    """CPU seconds of this process and, on PostgreSQL, of this connection's server process (same machine:
+    the statements' work is done there), read from /proc in clock ticks (10 ms)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return time.process_time()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return time.process_time() + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def steady_window(passes: list[Pass]) -> list[Pass]:
+    """The passes that make whole raw sweep cycles: from the one after the second pass that swept (the
+    first one also caught up with the filled history) to the last one that swept, which deletes what the
+    passes since the one before added. Where every pass deletes (no sweeps), all passes but the first."""
+    sweeps = [i for i, p in enumerate(passes) if p.result.deleted_raw]
+    if len(sweeps) == len(passes) or len(sweeps) < 3:
+        return passes[1:]
+    return passes[sweeps[1] + 1 : sweeps[-1] + 1]
+
+
+@dataclass
+class Pass:
+    wall_s: float
+    cpu_s: float
+    result: object  # storage.StorageRun
 
 
 def run(gpus: int) -> dict:
@@ -196,22 +268,18 @@ def run(gpus: int) -> dict:
 
     gpu_ids = make_fleet(gpus)
     sql, now = Sql(connection.vendor), datetime.now(UTC).replace(microsecond=0)
-    raw_s = int(settings.SAMPLE_RETENTION_HOURS * 3600)
-    minutes, hours = int(settings.MINUTE_RETENTION_DAYS * 1440), int(settings.HOUR_RETENTION_DAYS * 24)
+    raw_s = held_raw_s()
     started = time.perf_counter()
-    raw = fill_raw(sql, gpu_ids, raw_s, int(now.timestamp()) - raw_s)
-    minute_rows = fill_tier(
-        sql, "dashboard_gpuminute", 60, minutes, int(now.timestamp()) // 60 * 60 - minutes * 60, gpu_ids
-    )
-    hour_rows = fill_tier(
-        sql, "dashboard_gpuhour", 3600, hours, int(now.timestamp()) // 3600 * 3600 - hours * 3600, gpu_ids
-    )
+    raw, minute_rows, hour_rows = fill_retention(sql, gpu_ids, now, raw_s)
     fill_s = time.perf_counter() - started
     tables = ["dashboard_gpusample", "dashboard_gpuminute", "dashboard_gpuhour"]
     sizes = table_bytes(tables)
     chart_24h, chart_7d = time_chart(1440), time_chart(7 * 1440)
-    maintain = steady_maintain(sql, gpu_ids, now, settings.STORAGE_EVERY_S)
-    steady_ms = statistics.median(maintain[1:])
+    every = int(settings.STORAGE_EVERY_S)
+    cycle = passes_per_cycle(every)
+    passes = steady_maintain(sql, gpu_ids, now, every, raw_s, 1 + max(3, 3 * cycle))
+    window = steady_window(passes)
+    cpu_share = sum(p.cpu_s for p in window) / (len(window) * every)
     return {
         "database": connection.vendor,
         "gpus": gpus,
@@ -225,10 +293,14 @@ def run(gpus: int) -> dict:
         "chart_24h_ms": chart_24h["median_ms"],
         "chart_7d_ms": chart_7d["median_ms"],
         "charts": {"24h": chart_24h, "7d": chart_7d},
-        "maintain_ms": [round(m, 1) for m in maintain],
-        "maintain_core_share_at_8000_per_s": round(
-            steady_ms / 1000 / settings.STORAGE_EVERY_S * 8000 / gpus, 3
-        ),
+        "raw_seconds_held": raw_s,
+        "maintain_window_passes": len(window),
+        "maintain_ms": [round(p.wall_s * 1000, 1) for p in passes],
+        "maintain_cpu_ms": [round(p.cpu_s * 1000, 1) for p in passes],
+        "longest_write_ms": max(p.result.longest_write_ms for p in passes),
+        # CPU of the passes over the time they cover, scaled linearly to 8,000 samples/s: an estimate, as
+        # SQLite's cost is not linear in the GPUs (bench/storage_steady.py measures it at 8,000 GPUs).
+        "maintain_core_share_at_8000_per_s": round(cpu_share * 8000 / gpus, 3),
     }
 
 

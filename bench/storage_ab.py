@@ -61,20 +61,13 @@ def main(gpus: int, blocks: int, per_block: int) -> None:
     gpu_ids = bench.make_fleet(gpus)
     sql, now = bench.Sql(connection.vendor), datetime.now(UTC).replace(microsecond=0)
     raw_s = int(settings.SAMPLE_RETENTION_HOURS * 3600)
-    minutes, hours = int(settings.MINUTE_RETENTION_DAYS * 1440), int(settings.HOUR_RETENTION_DAYS * 24)
     t0 = time.perf_counter()
-    bench.fill_raw(sql, gpu_ids, raw_s, int(now.timestamp()) - raw_s)
-    bench.fill_tier(
-        sql, "dashboard_gpuminute", 60, minutes, int(now.timestamp()) // 60 * 60 - minutes * 60, gpu_ids
-    )
-    bench.fill_tier(
-        sql, "dashboard_gpuhour", 3600, hours, int(now.timestamp()) // 3600 * 3600 - hours * 3600, gpu_ids
-    )
+    bench.fill_retention(sql, gpu_ids, now, raw_s)
     with connection.cursor() as c:
         c.execute("VACUUM")
     print(f"fill {time.perf_counter() - t0:.1f} s", flush=True)
     every = int(settings.STORAGE_EVERY_S)
-    bench.steady_maintain(sql, gpu_ids, now, every, runs=1)  # the history, and one pass
+    bench.steady_maintain(sql, gpu_ids, now, every, raw_s, runs=1)  # the history, and one pass
     new_fold, new_kib = storage.fold, storage.SQLITE_CACHE_KIB
     times = {"before": [], "after": []}
     r = 1

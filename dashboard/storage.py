@@ -7,6 +7,11 @@ HOUR_RETENTION_DAYS). It works by sample id, not by time: a sample an agent repl
 the server was away) is merged into its minute and hour when it arrives, not lost from them.
 
 Retention deletes in bounded batches (one short transaction each), raw rows only once they are rolled up.
+On PostgreSQL raw rows go every pass, by id range. On SQLite they go in a sweep every RAW_SWEEP_S (the raw
+window plus up to RAW_SWEEP_S and a pass is held), a few GPUs per transaction through the (gpu, t) index:
+SQLite deletes each row's index entry with it, and deleting 30 s of rows by id range every pass rewrote
+every GPU's index page in every transaction (at 8,000 GPUs: 8.6 % of a core in CPU, with the sweeps 4.2 %;
+bench/README.md, "Storage").
 A deployment's metric intervals (DeploymentMetric, one per scrape) are kept METRIC_RETENTION_DAYS; their
 hourly averages (dashboard/metric_hours.py, run by the same beat task) HOUR_RETENTION_DAYS.
 """
@@ -33,7 +38,15 @@ from dashboard.models.fleet import ROLLUP_METRICS, GpuRollup
 # chunks would not make it much shorter, and each would merge into every GPU's buckets again (chunks of 20,000
 # and 50,000 ids made a pass at 1,000 x 8 cost 3-5x; 200,000, a pass in two chunks, 2-3x: bench/README.md).
 ROLL_CHUNK_IDS = 500_000
-DELETE_BATCH = 20_000  # raw rows deleted per transaction
+DELETE_BATCH = 20_000  # raw ids deleted per transaction where retention goes by id (PostgreSQL)
+# SQLite: raw rows are swept once the oldest are this far past the raw window (rows up to 1 h + 5.5 min are
+# held, ~44 KB more per GPU), so that each sweep empties every GPU's oldest (gpu, t) index pages whole instead
+# of taking ~30 entries from each GPU's page every pass (bench/README.md, "Storage").
+RAW_SWEEP_S = 300
+# SQLite: raw rows per transaction of a sweep. Deleting through the (gpu, t) index costs ~2.5-3 us of CPU a row
+# at 8,000 GPUs; with 60,000 rows a transaction held the write lock up to 0.4 s, and with 20,000 a sweep at
+# 8,000 GPUs spent 16 s in the gaps between its transactions (bench/README.md, "Storage").
+SWEEP_BATCH = 40_000
 # SQLite: the pause after each such transaction. A writer waiting for the lock (busy timeout) polls it at most
 # 100 ms apart, so a shorter gap could be missed and the pass would keep the lock to itself.
 SQLITE_GAP_S = 0.12
@@ -190,21 +203,74 @@ def bucket_sql(seconds: int, column: str = "t") -> str:
 
 
 def prune_raw(cutoff: datetime, run: StorageRun | None = None) -> int:
-    """Delete raw rows stored before `cutoff` that are rolled up, DELETE_BATCH ids per transaction.
+    """Delete raw rows stored before `cutoff` that are rolled up, in short transactions.
 
-    By id, not by time: ids grow with arrival, so this walks the primary key (raw rows have no time index
-    of their own), and a row is kept at least the raw window after it arrived."""
+    By arrival (sample id), not only by time: a row goes once a run that saw it is older than `cutoff` and
+    it is rolled up, so it is kept at least the raw window after it arrived. On SQLite that takes a sweep
+    every RAW_SWEEP_S, GPU by GPU (`_sweep_by_gpu`); on PostgreSQL, every pass, by id (`_delete_by_id`)."""
     expired, latest = RollupRun.objects.filter(t__lt=cutoff).first(), RollupRun.objects.first()
-    first = GpuSample.objects.order_by("pk").values_list("pk", flat=True).first()
-    if expired is None or latest is None or first is None:
+    if expired is None or latest is None:
         return 0
-    upto, deleted = min(expired.seen_id, latest.rolled_id), 0
+    upto = min(expired.seen_id, latest.rolled_id)
+    if sweeps_by_gpu():
+        first = _sweep_due(cutoff, latest)
+        if first is None:
+            return 0
+        deleted = _sweep_by_gpu(cutoff, first, upto, run)
+    else:
+        deleted = _delete_by_id(upto, run)
+    RollupRun.objects.filter(t__lt=expired.t).delete()  # the newest expired run is all the next pass needs
+    return deleted
+
+
+def sweeps_by_gpu() -> bool:
+    """Whether raw retention sweeps GPU by GPU every RAW_SWEEP_S (SQLite) or deletes by id every pass."""
+    return connection.vendor == "sqlite"
+
+
+def _sweep_due(cutoff: datetime, latest: RollupRun) -> int | None:
+    """SQLite: the id of the first row to go if a sweep is due, that is if rows stored (and rolled up) more
+    than RAW_SWEEP_S before `cutoff` are left. Runs are kept from one sweep to the next for this. By the
+    primary key: a row left by the last sweep (timed after its cutoff) is passed over, not a reason."""
+    edge = RollupRun.objects.filter(t__lt=cutoff - timedelta(seconds=RAW_SWEEP_S)).first()
+    if edge is None:
+        return None
+    left = GpuSample.objects.filter(pk__lte=min(edge.seen_id, latest.rolled_id), t__lt=cutoff)
+    return left.order_by("pk").values_list("pk", flat=True).first()
+
+
+def _sweep_by_gpu(cutoff: datetime, first: int, upto: int, run: StorageRun | None) -> int:
+    """SQLite: delete the expired rows of a few GPUs per transaction (about SWEEP_BATCH rows), through the
+    (gpu, t) index. SQLite deletes a row's index entry with it, and each GPU's entries are together in that
+    index: a sweep empties its GPUs' index pages whole and writes each page once. Deleting by id range
+    instead (time order, every GPU in each transaction) rewrote every GPU's index page in every transaction.
+    `t < cutoff` bounds each GPU's index range; a row with a later time (an agent's clock ahead) goes in
+    a later sweep. The rows to go are about the ids from `first` to `upto`."""
+    gpu_ids = list(Gpu.objects.order_by("pk").values_list("pk", flat=True))
+    per_batch = max(1, SWEEP_BATCH * len(gpu_ids) // max(1, upto - first + 1))
+    deleted = 0
+    for i in range(0, len(gpu_ids), per_batch):
+        if i:
+            let_writers_in()
+        with write_transaction(run):
+            rows = GpuSample.objects.filter(gpu_id__in=gpu_ids[i : i + per_batch], t__lt=cutoff, pk__lte=upto)
+            deleted += rows.delete()[0]
+    return deleted
+
+
+def _delete_by_id(upto: int, run: StorageRun | None) -> int:
+    """PostgreSQL: delete raw rows with ids up to `upto`, DELETE_BATCH ids per transaction. Ids grow with
+    arrival, so this walks the primary key; PostgreSQL marks the rows deleted in the table and leaves the
+    index entries to vacuum, so the (gpu, t) index's layout does not matter here."""
+    first = GpuSample.objects.order_by("pk").values_list("pk", flat=True).first()
+    if first is None:
+        return 0
+    deleted = 0
     for low in range(first - 1, upto, DELETE_BATCH):
         if low > first - 1:
             let_writers_in()
         with write_transaction(run):
             deleted += GpuSample.objects.filter(pk__gt=low, pk__lte=min(low + DELETE_BATCH, upto)).delete()[0]
-    RollupRun.objects.filter(t__lt=expired.t).delete()  # the newest expired run is all the next pass needs
     return deleted
 
 

@@ -34,6 +34,18 @@ def add_sample(gpu: Gpu, t: datetime, util: float, power: float = 100.0) -> GpuS
     )
 
 
+@pytest.fixture(params=["by_gpu", "by_id"])
+def strategy(request, monkeypatch) -> str:
+    """Raw retention's two ways, on either database: SQLite's sweeps GPU by GPU, PostgreSQL's deletes by id."""
+    monkeypatch.setattr(storage, "sweeps_by_gpu", lambda: request.param == "by_gpu")
+    return request.param
+
+
+def past_the_sweep(run_t: datetime) -> datetime:
+    """A retention cutoff at which a run at `run_t` is expired, also by a sweep's slack."""
+    return run_t + timedelta(seconds=storage.RAW_SWEEP_S + 1)
+
+
 def roll_twice(now: datetime) -> None:
     """The first run only notes the newest id; the second folds up to it."""
     storage.roll_up(now)
@@ -83,23 +95,84 @@ def test_it_folds_only_ids_the_previous_run_saw(gpu):
     assert GpuMinute.objects.get(gpu=gpu).n == 1
 
 
-def test_it_deletes_raw_rows_past_the_window_in_batches_once_rolled_up(gpu, monkeypatch, settings):
-    settings.SAMPLE_RETENTION_HOURS = 1
+def test_it_deletes_raw_rows_past_the_window_in_batches_once_rolled_up(gpu, monkeypatch, strategy):
     monkeypatch.setattr(storage, "DELETE_BATCH", 7)
     old = [add_sample(gpu, T0 + timedelta(seconds=s), 1) for s in range(25)]
     roll_twice(T0)
     young = add_sample(gpu, T0 + timedelta(minutes=90), 2)  # arrived after the runs that saw the old rows
-    assert storage.prune_raw(T0 + timedelta(minutes=1)) == len(old)
+    assert storage.prune_raw(past_the_sweep(T0 + timedelta(seconds=30))) == len(old)
     assert list(GpuSample.objects.values_list("pk", flat=True)) == [young.pk]
     assert GpuMinute.objects.get(gpu=gpu).n == 25  # the rollups keep what the raw rows said
 
 
-def test_it_keeps_raw_rows_that_are_not_rolled_up_yet(gpu):
+def test_it_keeps_raw_rows_that_are_not_rolled_up_yet(gpu, strategy):
     storage.roll_up(T0)  # saw nothing
     add_sample(gpu, T0, 1)
     storage.roll_up(T0 + timedelta(seconds=30))  # saw the row, folded nothing yet
     assert storage.prune_raw(T0 + timedelta(hours=5)) == 0
     assert GpuSample.objects.count() == 1
+
+
+def test_it_sweeps_raw_rows_only_once_the_oldest_are_past_the_sweep_slack(gpu, strategy):
+    rows = [add_sample(gpu, T0 + timedelta(seconds=s), 1) for s in range(10)]
+    roll_twice(T0)  # the run at T0 saw every row, the one at T0 + 30 s rolled them up
+    early = past_the_sweep(T0) - timedelta(seconds=2)
+    assert storage.prune_raw(early) == (0 if strategy == "by_gpu" else len(rows))
+    assert storage.prune_raw(past_the_sweep(T0)) == (len(rows) if strategy == "by_gpu" else 0)
+    assert not GpuSample.objects.exists()
+
+
+def test_it_sweeps_a_few_gpus_per_transaction(gpu, monkeypatch, strategy):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    monkeypatch.setattr(storage, "DELETE_BATCH", 20)
+    monkeypatch.setattr(storage, "SWEEP_BATCH", 20)
+    gaps = []
+    monkeypatch.setattr(storage, "let_writers_in", lambda: gaps.append(1))
+    gpus = [gpu] + [
+        Gpu.objects.create(node=gpu.node, index=i, uuid=f"GPU-{i}", name="A30", memory_total_mib=1)
+        for i in (1, 2, 3)
+    ]
+    for s in range(10):  # in time order, as the ingest stores them
+        for g in gpus:
+            add_sample(g, T0 + timedelta(seconds=s), 1)
+    roll_twice(T0)
+    with CaptureQueriesContext(connection) as queries:
+        run = storage.StorageRun()
+        assert storage.prune_raw(past_the_sweep(T0 + timedelta(seconds=30)), run) == 40
+    deletes = [
+        q["sql"] for q in queries.captured_queries if q["sql"].startswith('DELETE FROM "dashboard_gpusample')
+    ]
+    assert len(deletes) == 2 and len(gaps) == 1  # 20 rows a transaction: 2 GPUs' or 20 ids' worth
+    if strategy == "by_gpu":
+        assert all('gpu_id" IN (' in sql for sql in deletes)
+
+
+def test_it_keeps_a_late_replay_until_a_run_that_saw_it_is_expired(gpu, strategy):
+    add_sample(gpu, T0, 1)
+    roll_twice(T0)
+    late = add_sample(gpu, T0 + timedelta(seconds=5), 2)  # replayed after the runs: as old, but newer
+    storage.roll_up(T0 + timedelta(seconds=60))  # saw it
+    assert storage.prune_raw(past_the_sweep(T0 + timedelta(seconds=30))) == 1
+    assert list(GpuSample.objects.values_list("pk", flat=True)) == [late.pk]
+    storage.roll_up(T0 + timedelta(seconds=90))  # rolled it up
+    assert storage.prune_raw(past_the_sweep(T0 + timedelta(seconds=90))) == 1
+    assert GpuMinute.objects.get(gpu=gpu).n == 2
+
+
+def test_it_sweeps_no_more_often_for_a_row_timed_ahead_of_its_cutoff(gpu, monkeypatch):
+    monkeypatch.setattr(storage, "sweeps_by_gpu", lambda: True)
+    add_sample(gpu, T0 + timedelta(hours=12), 2)  # an agent's clock ahead: left until its time is past
+    add_sample(gpu, T0, 1)
+    roll_twice(T0)
+    assert storage.prune_raw(past_the_sweep(T0)) == 1
+    sweeps = []
+    sweep = storage._sweep_by_gpu
+    monkeypatch.setattr(storage, "_sweep_by_gpu", lambda *args: sweeps.append(args) or sweep(*args))
+    storage.roll_up(T0 + timedelta(seconds=60))
+    assert storage.prune_raw(past_the_sweep(T0) + timedelta(seconds=30)) == 0
+    assert sweeps == [] and GpuSample.objects.count() == 1
 
 
 def test_it_deletes_expired_minute_and_hour_buckets_only(gpu, settings):
@@ -114,7 +187,7 @@ def test_it_deletes_expired_minute_and_hour_buckets_only(gpu, settings):
     assert sorted(GpuHour.objects.values_list("util_gpu_avg", flat=True)) == [1, 2]
 
 
-def test_it_forgets_runs_older_than_the_newest_expired_one(gpu):
+def test_it_forgets_runs_older_than_the_newest_expired_one(gpu, strategy):
     add_sample(gpu, T0, 1)
     for hours in (0, 1, 2, 3):
         storage.roll_up(T0 + timedelta(hours=hours))
