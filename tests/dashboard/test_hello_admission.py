@@ -98,3 +98,23 @@ async def test_it_announces_a_wave_of_welcomed_nodes_in_few_messages_not_one_eac
     assert {n["status"] for n in announced} == {"online"} and len(messages) < 12
     for comm in comms:
         await comm.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_it_welcomes_a_wave_in_batches_larger_than_eight(monkeypatch):
+    from dashboard import ingest
+
+    sizes, welcome_nodes = [], ingest.welcome_nodes
+
+    def counted(hellos):
+        sizes.append(len(hellos))
+        return welcome_nodes(hellos)
+
+    monkeypatch.setattr(ingest, "welcome_nodes", counted)  # before this test's loop makes its batcher
+    comms = [await connect(await make_node(f"big{i}")) for i in range(30)]
+    replies = await asyncio.gather(*(say(c, hello(boot=f"boot-{i:04}")) for i, c in enumerate(comms)))
+    assert [r["type"] for r in replies] == ["welcome"] * 30, replies
+    assert sum(sizes) == 30 and max(sizes) > 8, sizes  # 8 at a time: 30 hellos were at least 4 trips
+    for comm in comms:
+        await comm.disconnect()
