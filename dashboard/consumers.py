@@ -103,7 +103,12 @@ def online_batcher() -> admission.Batcher:
 
 
 async def announce_online(nodes: list[dict]) -> list[None]:
-    await announce_nodes(nodes)
+    """A batch's announcement failing must not fail its hellos: they are stored and welcomed, and a page marks
+    a node online on its first value anyway."""
+    try:
+        await announce_nodes(nodes)
+    except (RedisError, OSError) as exc:
+        log.warning("could not announce %d nodes online: %s", len(nodes), exc)
     return [None] * len(nodes)
 
 

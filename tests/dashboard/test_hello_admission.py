@@ -118,3 +118,22 @@ async def test_it_welcomes_a_wave_in_batches_larger_than_eight(monkeypatch):
     assert sum(sizes) == 30 and max(sizes) > 8, sizes  # 8 at a time: 30 hellos were at least 4 trips
     for comm in comms:
         await comm.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_it_keeps_welcomed_agents_connected_when_their_announcement_fails(monkeypatch):
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from tests.agent_socket import samples
+
+    async def unreachable(nodes):
+        raise RedisConnectionError("the message bus is away")
+
+    monkeypatch.setattr(consumers, "announce_nodes", unreachable)
+    comms = [await connect(await make_node(f"quiet{i}")) for i in range(3)]
+    replies = await asyncio.gather(*(say(c, hello(boot=f"boot-{i:04}")) for i, c in enumerate(comms)))
+    assert [r["type"] for r in replies] == ["welcome"] * 3, replies
+    for comm in comms:
+        assert await say(comm, samples(1)) == {"type": "ack", "v": 1, "seq": 1}
+        await comm.disconnect()
