@@ -254,7 +254,7 @@ INGEST_FLUSH_SECONDS = envfloat("INGEST_FLUSH_SECONDS", "0.25")
 FANOUT_SECONDS = envfloat("FANOUT_SECONDS", "0.5")
 # Agents' hellos worked on at once per process (0: no bound): one batch of the hello batcher's at most. In a
 # 1,000-agent restart (bench/README.md, restart storm) 8 at a time took 125 trips to the database thread, each
-# queued behind the ingest flush of the moment: every node fresh again after 31-33 s, against 11-13 s at 100.
+# queued behind the ingest flush of the moment: every node fresh again after 21-33 s, against 11-13 s at 100.
 HELLO_CONCURRENT = int(envfloat("HELLO_CONCURRENT", "100"))
 
 # The REST API (/api/v1/, django-ninja): lists come in pages of 50 by default, 200 at most.
