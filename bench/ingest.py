@@ -232,8 +232,8 @@ async def watch_browser(
             if message["type"] == "fleet.update":
                 latencies.extend((now - n["t"]) * 1000 for n in message["nodes"])
                 transit.append((now - message["sent"]) * 1000)
-            elif message["type"] == "fleet.node" and message["status"] == "online":
-                online.add(message["node"])
+            elif message["type"] in ("fleet.node", "fleet.nodes"):  # hellos' "online": a batch is one message
+                online.update(n["node"] for n in message.get("nodes", [message]) if n["status"] == "online")
 
 
 async def mark_ready(online: set[int], count: int, ready: Path, cpu: CpuClock) -> None:

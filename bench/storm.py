@@ -7,8 +7,8 @@ as bench/ingest.py runs them). Once every node is live in a logged-in browser cl
 have passed, the uvicorn process is stopped (SIGTERM) and started again on the same port. `stop_s`: until
 the old process is gone; `server_down_s`: until the new one listens; `browser_back_s`: until the browser
 client's socket is open again (it retries as static/js/live.js does); `all_live_s`: from the stop until the
-browser client has had a value of every node on a socket opened after the stop (the page then shows each
-node online; the value may be a replayed one); `all_fresh_s`: until it has had, of every node, a value
+browser client has had a value of every node sampled after the stop, on a socket opened after it (the page
+then shows each node online; the value may be a replayed one); `all_fresh_s`: until it has had, of every node, a value
 sampled after the new process listened (the backlog replayed); `*_spread_s`: when the nodes came back;
 `lost`: GPU samples the agents sent minus those stored, after they drained their outboxes.
 """
@@ -40,16 +40,19 @@ class Browser:
     what it heard of each node and when.
 
     A value counts for the restart only if it came on a socket opened after the stop: the old process can
-    still send a tick in its last moments. `live`: the node's first value of any age (the page then shows it
-    online); `fresh`: its first value sampled after the new process listened (not a replay of the backlog)."""
+    still send a tick in its last moments. `live`: the node's first value sampled after the stop (the page
+    then shows it online; a page that subscribes also gets the values of the last 5 s from Redis, which are
+    from before the stop and do not count); `fresh`: its first value sampled after the new process listened
+    (not a replay of the backlog)."""
 
     def __init__(self, url: str, sessionid: str) -> None:
         self.url, self.sessionid = url, sessionid
         self.online: set[int] = set()  # nodes announced online (before the agents send values)
         self.stop = asyncio.Event()
         self.after = float("inf")  # monotonic time of the stop: only sockets opened later count
+        self.stop_wall = float("inf")  # wall time of the stop: a value sampled before it is not "back"
         self.up_wall = float("inf")  # wall time when the new process listened
-        self.live: dict[int, float] = {}  # node -> monotonic time of its first value after the stop
+        self.live: dict[int, float] = {}  # node -> monotonic time of its first value sampled after the stop
         self.fresh: dict[int, float] = {}  # node -> monotonic time of its first value sampled after `up_wall`
         self.reopened: float | None = None  # when the first socket after the stop opened
         self.welcomed: dict[int, float] = {}  # node -> when the new process announced it online (hello done)
@@ -95,25 +98,33 @@ class Browser:
             self.note(message, counts)
 
     def note(self, message: dict, counts: bool) -> None:
-        if message["type"] == "fleet.node" and message["status"] == "online":
-            self.online.add(message["node"])
-            if counts:  # the new process welcomed this node's agent (its hello is done)
-                self.welcomed.setdefault(message["node"], time.monotonic())
+        if message["type"] == "fleet.node":
+            self.note_status(message, counts)
+        elif message["type"] == "fleet.nodes":  # the nodes a hello batch welcomed, in one message
+            for status in message["nodes"]:
+                self.note_status(status, counts)
         elif message["type"] == "fleet.update" and counts:
             now = time.monotonic()
             for node in message["nodes"]:
-                self.live.setdefault(node["node"], now)
+                if node["t"] >= self.stop_wall:  # the hub's catch-up of a new page sends values up to 5 s old
+                    self.live.setdefault(node["node"], now)
                 if node["t"] >= self.up_wall:
                     self.fresh.setdefault(node["node"], now)
 
+    def note_status(self, status: dict, counts: bool) -> None:
+        if status["status"] == "online":
+            self.online.add(status["node"])
+            if counts:  # the new process welcomed this node's agent (its hello is done)
+                self.welcomed.setdefault(status["node"], time.monotonic())
+
 
 def spread(times: dict[int, float], since: float) -> dict[str, float]:
-    """When the nodes came back, seconds after `since`: the first, the median, the 90th percentile."""
+    """When the nodes came back, seconds after `since`: the first, the median, the 90th percentile, the last."""
     ordered = sorted(t - since for t in times.values())
     if not ordered:
         return {}
     pick = lambda q: round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)  # noqa: E731
-    return {"first": round(ordered[0], 2), "p50": pick(0.5), "p90": pick(0.9)}
+    return {"first": round(ordered[0], 2), "p50": pick(0.5), "p90": pick(0.9), "last": round(ordered[-1], 2)}
 
 
 async def wait_for(check, timeout: float, what: str) -> None:
@@ -148,6 +159,7 @@ async def storm(
         ready.touch()
         await asyncio.sleep(args.warmup)
         stopped = browser.after = time.monotonic()
+        browser.stop_wall = time.time()
         down = await asyncio.to_thread(restart)
         browser.up_wall = time.time()  # the new process listens: samples from now on are not backlog
         deadline = stopped + args.after

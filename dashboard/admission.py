@@ -1,12 +1,13 @@
 """Admission of agents' hellos during a reconnect wave (issue #13: a server restart under 1,000 agents).
 
 After a restart every agent connects within about a second. `waiting` counts the connections not yet welcomed.
-At most `concurrent` hellos (settings.HELLO_CONCURRENT, default 8; 0: no bound) are worked on at a time, in the
-order the agents connected, so the first nodes are back and browsers' own requests get through. Measured at
-1,000 agents (bench/README.md, restart storm): with the bound, browsers were back in 3 s and half the nodes live
-in 28 s, the last past 120 s (the end of the queue waits past an agent's 30 s welcome wait and queues again);
-with no bound, no browser got in within 120 s. Turning agents away with a delay measured worse. A server whose
-message bus is away sends "busy" with retry_after_s.
+At most `concurrent` hellos (settings.HELLO_CONCURRENT, default 100: one `Batcher` batch; 0: no bound) are
+worked on at a time, in the order the agents connected. Measured at 1,000 agents (bench/README.md, restart
+storm): each turn of the gate is a trip to the agents' database thread, queued behind the ingest flush of the
+moment, so 8 at a time (the bound before) took 125 trips and every node was fresh again after 21-33 s; 100 at a
+time, 11-13 s. (Before hellos and token checks went to their own database thread in batches, no bound at all
+kept browsers out for 120 s.) Turning agents away with a delay measured worse. A server whose message bus is
+away sends "busy" with retry_after_s.
 """
 
 from __future__ import annotations

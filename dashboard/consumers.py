@@ -28,7 +28,7 @@ from agents import protocol
 from dashboard import admission, asking, browser_json, ingest, subscriptions, tasks
 from dashboard.agent_db import agent_database
 from dashboard.choices import NodeStatus
-from dashboard.live import FLEET_GROUP, FleetFanout, agent_group, announce_node
+from dashboard.live import FLEET_GROUP, FleetFanout, agent_group, announce_node, announce_nodes
 from dashboard.models import AgentToken, Node
 from dashboard.telemetry import LIVE
 
@@ -49,6 +49,9 @@ _hello_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, admission.
     weakref.WeakKeyDictionary()
 )
 _token_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, admission.Batcher] = (
+    weakref.WeakKeyDictionary()
+)
+_online_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, admission.Batcher] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -88,6 +91,27 @@ def token_batcher() -> admission.Batcher:
     if loop not in _token_batchers:
         _token_batchers[loop] = admission.Batcher(agent_database(AgentToken.authenticate_tokens))
     return _token_batchers[loop]
+
+
+def online_batcher() -> admission.Batcher:
+    """This process's "online" announcements of welcomed nodes, sent to the browsers together: what is welcomed
+    while one message goes out waits for the next. One group message per node was a Redis round trip for the
+    sender and for each browser's channel; in a reconnect wave they reached the browser ~12 s after the
+    values did (bench/README.md, restart storm)."""
+    loop = asyncio.get_running_loop()
+    if loop not in _online_batchers:
+        _online_batchers[loop] = admission.Batcher(announce_online)
+    return _online_batchers[loop]
+
+
+async def announce_online(nodes: list[dict]) -> list[None]:
+    """A batch's announcement failing must not fail its hellos: they are stored and welcomed, and a page marks
+    a node online on its first value anyway."""
+    try:
+        await announce_nodes(nodes)
+    except (RedisError, OSError) as exc:
+        log.warning("could not announce %d nodes online: %s", len(nodes), exc)
+    return [None] * len(nodes)
 
 
 def bearer_token(scope: dict) -> str:
@@ -229,7 +253,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send(protocol.welcome(node.name, node.last_seq, node.inventory_digest))
         for frame in welcome.launches:
             await self.send(frame)  # the agent launches idempotently: this only restores what it lost
-        await announce_node(node.pk, node.name, NodeStatus.ONLINE)
+        await online_batcher().do({"node": node.pk, "name": node.name, "status": NodeStatus.ONLINE})
 
     async def store_hello(self, message: protocol.Hello) -> ingest.Welcome:
         buffer = ingest_buffer()

@@ -252,9 +252,10 @@ METRIC_RETENTION_DAYS = envfloat("METRIC_RETENTION_DAYS", "7")
 STORAGE_EVERY_S = envfloat("STORAGE_EVERY_S", "30")
 INGEST_FLUSH_SECONDS = envfloat("INGEST_FLUSH_SECONDS", "0.25")
 FANOUT_SECONDS = envfloat("FANOUT_SECONDS", "0.5")
-# Agents' hellos worked on at once per process (0: no bound). In a 1,000-agent restart (bench/README.md) a bound
-# of 8 let the browsers back in 3 s and half the nodes live in 28 s; with no bound no browser got in for 120 s.
-HELLO_CONCURRENT = int(envfloat("HELLO_CONCURRENT", "8"))
+# Agents' hellos worked on at once per process (0: no bound): one batch of the hello batcher's at most. In a
+# 1,000-agent restart (bench/README.md, restart storm) 8 at a time took 125 trips to the database thread, each
+# queued behind the ingest flush of the moment: every node fresh again after 21-33 s, against 11-13 s at 100.
+HELLO_CONCURRENT = int(envfloat("HELLO_CONCURRENT", "100"))
 
 # The REST API (/api/v1/, django-ninja): lists come in pages of 50 by default, 200 at most.
 NINJA_PAGINATION_PER_PAGE = 50

@@ -75,3 +75,65 @@ async def test_it_leaves_the_node_connected_when_the_server_stops_not_the_agent(
     await asyncio.sleep(0.1)
     node = await database_sync_to_async(Node.objects.get)(name="restarting")
     assert node.connected is still_connected
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_it_announces_a_wave_of_welcomed_nodes_in_few_messages_not_one_each():
+    from channels.layers import get_channel_layer
+
+    from dashboard.live import FLEET_GROUP
+
+    layer = get_channel_layer()
+    browser = await layer.new_channel()
+    await layer.group_add(FLEET_GROUP, browser)
+    comms = [await connect(await make_node(f"wave{i}")) for i in range(12)]
+    replies = await asyncio.gather(*(say(c, hello(boot=f"boot-{i:04}")) for i, c in enumerate(comms)))
+    assert [r["type"] for r in replies] == ["welcome"] * 12, replies
+    messages = []
+    while len(announced := [n for m in messages for n in m.get("nodes", [m])]) < 12:
+        messages.append(await asyncio.wait_for(layer.receive(browser), timeout=5))
+    assert {m["type"] for m in messages} == {"fleet.nodes"}, messages
+    assert sorted(n["name"] for n in announced) == sorted(f"wave{i}" for i in range(12))
+    assert {n["status"] for n in announced} == {"online"} and len(messages) < 12
+    for comm in comms:
+        await comm.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_it_welcomes_a_wave_in_batches_larger_than_eight(monkeypatch):
+    from dashboard import ingest
+
+    sizes, welcome_nodes = [], ingest.welcome_nodes
+
+    def counted(hellos):
+        sizes.append(len(hellos))
+        return welcome_nodes(hellos)
+
+    monkeypatch.setattr(ingest, "welcome_nodes", counted)  # before this test's loop makes its batcher
+    comms = [await connect(await make_node(f"big{i}")) for i in range(30)]
+    replies = await asyncio.gather(*(say(c, hello(boot=f"boot-{i:04}")) for i, c in enumerate(comms)))
+    assert [r["type"] for r in replies] == ["welcome"] * 30, replies
+    assert sum(sizes) == 30 and max(sizes) > 8, sizes  # 8 at a time: 30 hellos were at least 4 trips
+    for comm in comms:
+        await comm.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_it_keeps_welcomed_agents_connected_when_their_announcement_fails(monkeypatch):
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from tests.agent_socket import samples
+
+    async def unreachable(nodes):
+        raise RedisConnectionError("the message bus is away")
+
+    monkeypatch.setattr(consumers, "announce_nodes", unreachable)
+    comms = [await connect(await make_node(f"quiet{i}")) for i in range(3)]
+    replies = await asyncio.gather(*(say(c, hello(boot=f"boot-{i:04}")) for i, c in enumerate(comms)))
+    assert [r["type"] for r in replies] == ["welcome"] * 3, replies
+    for comm in comms:
+        assert await say(comm, samples(1)) == {"type": "ack", "v": 1, "seq": 1}
+        await comm.disconnect()

@@ -251,7 +251,10 @@ def nginx(production: Production, tmp_path: Path) -> Iterator[tuple[dict[str, in
 
 
 def node_ids(messages: list[dict], names: set[str]) -> dict[str, int] | None:
-    online = {m["name"]: m["node"] for m in messages if m["type"] == "fleet.node" and m["status"] == "online"}
+    statuses = [
+        n for m in messages if m["type"] in ("fleet.node", "fleet.nodes") for n in m.get("nodes", [m])
+    ]
+    online = {n["name"]: n["node"] for n in statuses if n["status"] == "online"}
     return online if names <= set(online) else None
 
 
