@@ -1,4 +1,5 @@
-"""Sample rows go to the database as plain tuples (one executemany): what is read back must be what was sent."""
+"""Sample rows go to the database as plain tuples (a few hundred per INSERT): what is read back must be what was
+sent."""
 
 from __future__ import annotations
 
@@ -73,3 +74,16 @@ def test_it_skips_a_sample_already_stored_and_keeps_the_rest_of_the_batch():
     again = ingest.sample_rows(samples_message(1, 1_700_000_001.0), {0: gpu.pk})
     stored(again + ingest.sample_rows(samples_message(2, 1_700_000_002.0), {0: gpu.pk}), node, 2)
     assert list(GpuSample.objects.values_list("seq", flat=True)) == [1, 2]
+
+
+def test_it_stores_rows_over_several_inserts_skipping_a_replay_and_refusing_a_taken_time(monkeypatch):
+    monkeypatch.setattr(ingest, "rows_per_insert", lambda: 3)
+    node = Node.objects.create(name="chunks")
+    gpu = Gpu.objects.create(node=node, index=0, uuid="GPU-0", name="NVIDIA H100", memory_total_mib=81559)
+    rows = [ingest.sample_rows(samples_message(s, 1_700_000_000.0 + s), {0: gpu.pk})[0] for s in range(1, 8)]
+    ingest.insert_samples(rows[:5])
+    ingest.insert_samples(rows)  # 1-5 again (replays, skipped), 6-7 new: three statements
+    assert sorted(GpuSample.objects.values_list("seq", flat=True)) == [1, 2, 3, 4, 5, 6, 7]
+    taken = rows[6]._replace(seq=99)  # another sample at seq 7's time
+    with pytest.raises(ingest.SampleTimeTaken, match="already has a sample"):
+        ingest.insert_samples([*rows[:2], taken])
