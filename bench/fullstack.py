@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -105,11 +106,14 @@ class Feed(Browser):
                     self.bench_online.add(node["node"])
 
 
-def page_times(base: str, sessionid: str, pages: dict[str, str], every: float, until: float) -> dict:
-    """Open the pages in turn, one every `every` seconds, until the wall clock passes `until`."""
+def page_times(
+    base: str, sessionid: str, pages: dict[str, str], every: float, until: float, stop: threading.Event
+) -> dict:
+    """Open the pages in turn, one every `every` seconds, until the wall clock passes `until` (or `stop`: a
+    SIGTERM, whose cleanup would otherwise wait for this thread until the window's end)."""
     times: dict[str, list[float]] = defaultdict(list)
     errors: Counter[str] = Counter()
-    while time.time() < until:
+    while time.time() < until and not stop.is_set():
         for name, path in pages.items():
             cookie = "" if name == "login" else f"sessionid={sessionid}"
             began = time.monotonic()
@@ -117,8 +121,7 @@ def page_times(base: str, sessionid: str, pages: dict[str, str], every: float, u
                 times[name].append((time.monotonic() - began) * 1000)
             else:
                 errors[name] += 1
-            time.sleep(every)
-            if time.time() >= until:
+            if stop.wait(every) or time.time() >= until:
                 break
     return {name: page_summary(times.get(name, []), errors[name]) for name in pages}
 
@@ -266,6 +269,7 @@ async def measure(
     ready, sampling = var / "ready", args.settle + args.seconds + TAIL_S
     argv = agents_argv(base, var / "tokens", ready, args.gpus, args.interval, sampling, not args.quiet_wave)
     agents = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.PIPE, cwd=ROOT)
+    pages_stop = threading.Event()
     try:
         began = time.time()
         while len(feed.bench_online) < args.agents and time.time() - began < WAVE_TIMEOUT_S:
@@ -277,13 +281,16 @@ async def measure(
         await asyncio.sleep(args.settle)
         window["start"], cpu_before = time.time(), cpu_snapshot([stack_pid, agents.pid])
         until = window["start"] + args.seconds
-        window["pages"] = await asyncio.to_thread(page_times, base, sessionid, pages, args.page_every, until)
+        window["pages"] = await asyncio.to_thread(
+            page_times, base, sessionid, pages, args.page_every, until, pages_stop
+        )
         await asyncio.sleep(max(0.0, until - time.time()))
         window["end"] = until
         after = cpu_snapshot([stack_pid, agents.pid])
         window["cpu_pct"] = cpu_shares(cpu_before, after, time.time() - window["start"])
         out, _ = await agents.communicate()
     finally:  # SIGTERM (bench/cleanup.py) cancels this: the agents go too
+        pages_stop.set()
         if agents.returncode is None:
             agents.kill()
             await agents.wait()

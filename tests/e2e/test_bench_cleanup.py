@@ -42,12 +42,15 @@ def test_it_stops_redis_uvicorn_echo_and_agents_when_the_ingest_benchmark_gets_s
 
 
 def test_it_stops_the_whole_stack_and_agents_when_the_full_stack_benchmark_gets_sigterm(tmp_path):
-    argv = ["bench/fullstack.py", "--agents", "2", "--gpus", "2", "--seconds", "120"]
-    # runstack, redis, uvicorn, three Celery workers (each with its pool process), beat, the agents process
-    assert_sigterm_stops_all(argv, tmp_path, at_least=10)
+    argv = ["bench/fullstack.py", "--agents", "2", "--gpus", "2", "--seconds", "120", "--settle", "0"]
+    # runstack, redis, uvicorn, three Celery workers (each with its pool process), beat, the agents process;
+    # in its window, with the operator's pages being opened (their thread waited for the window's end)
+    assert_sigterm_stops_all(argv, tmp_path, at_least=10, after_ready_s=3)
 
 
-def assert_sigterm_stops_all(argv: list[str], tmp_path: Path, at_least: int) -> None:
+def assert_sigterm_stops_all(
+    argv: list[str], tmp_path: Path, at_least: int, after_ready_s: float = 0
+) -> None:
     bench = subprocess.Popen(
         [sys.executable, *argv, "--log-dir", str(tmp_path)],
         cwd=ROOT,
@@ -56,6 +59,7 @@ def assert_sigterm_stops_all(argv: list[str], tmp_path: Path, at_least: int) -> 
     )
     try:
         wait_until(lambda: (tmp_path / "ready").exists(), timeout=120, what="the agents running")
+        time.sleep(after_ready_s)
         started = children_of(bench.pid)
         assert len(started) >= at_least, started
         bench.send_signal(signal.SIGTERM)
