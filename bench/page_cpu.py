@@ -31,7 +31,12 @@ def pages() -> dict[str, str]:
     from dashboard.models import Deployment, Node
 
     node = Node.objects.order_by("name").first()
-    found = {"fleet": "/", "node": f"/nodes/{node.name}/", "api_nodes": "/api/v1/nodes/", "alerts": "/alerts/"}
+    found = {
+        "fleet": "/",
+        "node": f"/nodes/{node.name}/",
+        "api_nodes": "/api/v1/nodes/",
+        "alerts": "/alerts/",
+    }
     deployment = Deployment.objects.first()
     if deployment is not None:
         found["deployment"] = f"/deployments/{deployment.pk}/"
@@ -48,7 +53,11 @@ def cpu_per_request(client, path: str, requests: int) -> dict:
         if response.status_code != 200:
             raise RuntimeError(f"{path} answered {response.status_code}")
         size = len(response.content)
-    return {"cpu_ms_median": round(statistics.median(used), 1), "cpu_ms_min": round(min(used), 1), "bytes": size}
+    return {
+        "cpu_ms_median": round(statistics.median(used), 1),
+        "cpu_ms_min": round(min(used), 1),
+        "bytes": size,
+    }
 
 
 def main() -> None:
