@@ -159,7 +159,28 @@ class Colours:
         return cells
 
 
-class LatestValues:
+class RedisHash:
+    """One Redis hash shared by every server process (KEY, under the channel layer's prefix); with the
+    in-memory channel layer (one process, the tests), a dict on the layer (LOCAL)."""
+
+    KEY = ""
+    LOCAL = ""
+
+    def __init__(self, layer: Any) -> None:
+        self.layer = layer
+        self.local: dict[str, str] | None = (
+            None if hasattr(layer, "connection") else layer.__dict__.setdefault(self.LOCAL, {})
+        )
+
+    def redis(self) -> Any:
+        return self.layer.connection(0)
+
+    @property
+    def key(self) -> str:
+        return self.layer.prefix + self.KEY
+
+
+class LatestValues(RedisHash):
     """Every node's newest values, encoded once, where every server process's hub can fetch the few it shows.
 
     With Redis, one hash (a field per node, "<unix time> <JSON>"); the hubs fetch the nodes their pages
@@ -170,11 +191,7 @@ class LatestValues:
     KEY = "live:nodes"
     TTL_S = 3600  # the hash of a fleet that stopped reporting goes away
 
-    def __init__(self, layer: Any) -> None:
-        self.layer = layer
-        self.local: dict[str, str] | None = (
-            None if hasattr(layer, "connection") else layer.__dict__.setdefault("_live_latest", {})
-        )
+    LOCAL = "_live_latest"
 
     async def store(self, encoded: dict[str, str], when: float) -> None:
         fields = {node: f"{when!r} {text}" for node, text in encoded.items()}
@@ -201,13 +218,6 @@ class LatestValues:
                 found[node] = (float(when), text)
         return found
 
-    def redis(self) -> Any:
-        return self.layer.connection(0)
-
-    @property
-    def key(self) -> str:
-        return self.layer.prefix + self.KEY
-
 
 def heat_runs(cells: dict[int, int]) -> list[int]:
     """Cells as the pages get them: runs of consecutive GPU ids, [first id, count, cell, cell, ..., first id,
@@ -225,7 +235,7 @@ def heat_runs(cells: dict[int, int]) -> list[int]:
     return flat
 
 
-class Watching:
+class Watching(RedisHash):
     """Which nodes each server process's hub shows, where every fan-out reads them (a hub in Redis, a field per
     hub: "<expires, unix time> <JSON: node ids, or "all">"; a dict on the in-memory layer). A hub declares again
     every TTL_S / 3; the field of a hub whose process died is ignored once it expires."""
@@ -233,11 +243,7 @@ class Watching:
     KEY = "live:watching"
     TTL_S = 30.0
 
-    def __init__(self, layer: Any) -> None:
-        self.layer = layer
-        self.local: dict[str, str] | None = (
-            None if hasattr(layer, "connection") else layer.__dict__.setdefault("_live_watching", {})
-        )
+    LOCAL = "_live_watching"
 
     async def declare(self, hub: str, nodes: frozenset[str] | None) -> None:
         shown = "all" if nodes is None else sorted(int(n) for n in nodes)
@@ -266,13 +272,6 @@ class Watching:
                     None if nodes == "all" else frozenset(str(n) for n in nodes)
                 )
         return hubs
-
-    def redis(self) -> Any:
-        return self.layer.connection(0)
-
-    @property
-    def key(self) -> str:
-        return self.layer.prefix + self.KEY
 
 
 def watched_by(hubs: dict[str, frozenset[str] | None]) -> frozenset[str] | None:
