@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import time
-import weakref
 
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
@@ -28,8 +27,10 @@ from agents import protocol
 from dashboard import admission, asking, browser_json, ingest, subscriptions, tasks
 from dashboard.agent_db import agent_database
 from dashboard.choices import NodeStatus
+from dashboard.groups import memberships
 from dashboard.live import FLEET_GROUP, FleetFanout, agent_group, announce_node, announce_nodes
 from dashboard.models import AgentToken, Node
+from dashboard.per_loop import PerLoop
 from dashboard.telemetry import LIVE
 
 BROWSER_OUTBOX = 50  # ticks waiting for a slow browser beyond this are dropped (as a full channel drops them)
@@ -39,69 +40,30 @@ BUS_RETRY_S = 5.0  # ... after this long, not within its 1 s restart window
 MAX_BROWSER_FRAME_CHARS = 16_384  # a browser's ask: a prompt of at most 4,000 characters and a few fields
 
 log = logging.getLogger(__name__)
-_buffers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ingest.IngestBuffer] = (
-    weakref.WeakKeyDictionary()
-)
-_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, admission.HelloGate] = (
-    weakref.WeakKeyDictionary()
-)
-_hello_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, admission.Batcher] = (
-    weakref.WeakKeyDictionary()
-)
-_token_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, admission.Batcher] = (
-    weakref.WeakKeyDictionary()
-)
-_online_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, admission.Batcher] = (
-    weakref.WeakKeyDictionary()
-)
 
 
-def ingest_buffer() -> ingest.IngestBuffer:
-    """The ingest buffer of this process's event loop (shared by all its agent connections), created on first
-    use: stored reports' follow-up tasks go to the broker, stored samples to the browsers' fan-out."""
-    loop = asyncio.get_running_loop()
-    if loop not in _buffers:
-        fanout = FleetFanout(settings.FANOUT_SECONDS)
-        _buffers[loop] = ingest.IngestBuffer(
-            queue_jobs=tasks.enqueue, listeners=[fanout.record_summaries], received=[fanout.record]
-        )
-        LIVE.attach(_buffers[loop])  # /metrics reads the newest readings and the rows waiting
-    return _buffers[loop]
+def make_ingest_buffer() -> ingest.IngestBuffer:
+    """Stored reports' follow-up tasks go to the broker, received and stored samples to the browsers' fan-out."""
+    fanout = FleetFanout(settings.FANOUT_SECONDS)
+    buffer = ingest.IngestBuffer(
+        queue_jobs=tasks.enqueue, listeners=[fanout.record_summaries], received=[fanout.record]
+    )
+    LIVE.attach(buffer)  # /metrics reads the newest readings and the rows waiting
+    return buffer
 
 
-def hello_gate() -> admission.HelloGate:
-    """This process's (event loop's) admission of hellos."""
-    loop = asyncio.get_running_loop()
-    if loop not in _gates:
-        _gates[loop] = admission.HelloGate(settings.HELLO_CONCURRENT)
-    return _gates[loop]
-
-
-def hello_batcher() -> admission.Batcher:
-    """This process's (event loop's) batches of hellos for the database thread: (node id, hello) in."""
-    loop = asyncio.get_running_loop()
-    if loop not in _hello_batchers:
-        _hello_batchers[loop] = admission.Batcher(agent_database(ingest.welcome_nodes))
-    return _hello_batchers[loop]
-
-
-def token_batcher() -> admission.Batcher:
-    """This process's batches of agent token checks: the bearer token in, its AgentToken row or None out."""
-    loop = asyncio.get_running_loop()
-    if loop not in _token_batchers:
-        _token_batchers[loop] = admission.Batcher(agent_database(AgentToken.authenticate_tokens))
-    return _token_batchers[loop]
-
-
-def online_batcher() -> admission.Batcher:
-    """This process's "online" announcements of welcomed nodes, sent to the browsers together: what is welcomed
-    while one message goes out waits for the next. One group message per node was a Redis round trip for the
-    sender and for each browser's channel; in a reconnect wave they reached the browser ~12 s after the
-    values did (bench/README.md, restart storm)."""
-    loop = asyncio.get_running_loop()
-    if loop not in _online_batchers:
-        _online_batchers[loop] = admission.Batcher(announce_online)
-    return _online_batchers[loop]
+# Each of this process's (event loop's), shared by its agent connections, made on first use:
+ingest_buffer = PerLoop(make_ingest_buffer)
+hello_gate = PerLoop(lambda: admission.HelloGate(settings.HELLO_CONCURRENT))  # admission of hellos
+# batches of hellos for the database thread: (node id, hello) in
+hello_batcher = PerLoop(lambda: admission.Batcher(agent_database(ingest.welcome_nodes)))
+# batches of agent token checks: the bearer token in, its AgentToken row or None out
+token_batcher = PerLoop(lambda: admission.Batcher(agent_database(AgentToken.authenticate_tokens)))
+# "Online" announcements of welcomed nodes, sent to the browsers together: what is welcomed while one message
+# goes out waits for the next. One group message per node was a Redis round trip for the sender and for each
+# browser's channel; in a reconnect wave they reached the browser ~12 s after the values did (bench/README.md,
+# restart storm).
+online_batcher = PerLoop(lambda: admission.Batcher(announce_online))
 
 
 async def announce_online(nodes: list[dict]) -> list[None]:
@@ -166,7 +128,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def join_node_group(self) -> None:
         # One agent per node: an older connection (a duplicate agent, or a socket not yet seen dead) is closed.
         await self.channel_layer.group_send(agent_group(self.node.pk), {"type": "agent.replaced"})
-        await self.channel_layer.group_add(agent_group(self.node.pk), self.channel_name)
+        await memberships().join(self.channel_layer, agent_group(self.node.pk), self.channel_name)
 
     def leave_queue(self) -> None:
         if self.queued:
@@ -179,7 +141,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.node is not None:
             if self.gpu_ids is not None and not self.replaced:
                 LIVE.agent_gone(self.node.pk)
-            await self.channel_layer.group_discard(agent_group(self.node.pk), self.channel_name)
+            await memberships().leave(self.channel_layer, agent_group(self.node.pk), self.channel_name)
         if self.node is not None and self.gpu_ids is not None and not self.replaced:
             await agent_database(ingest.mark_disconnected)(self.node.pk)
             try:
@@ -194,8 +156,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         until its timeout; the node's next hello, or the silent-node sweep if none comes, says how it is."""
         LIVE.socket_closed("agent")
         self.leave_queue()
-        if self.node is not None and self.gpu_ids is not None and not self.replaced:
-            LIVE.agent_gone(self.node.pk)
+        if self.node is not None:
+            memberships().forget(agent_group(self.node.pk), self.channel_name)
+            if self.gpu_ids is not None and not self.replaced:
+                LIVE.agent_gone(self.node.pk)
         raise StopConsumer()
 
     async def dispatch(self, message: dict) -> None:
@@ -355,7 +319,7 @@ class FleetConsumer(AsyncWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.close(4403)
             return
-        await self.channel_layer.group_add(FLEET_GROUP, self.channel_name)
+        await memberships().join(self.channel_layer, FLEET_GROUP, self.channel_name)
         await self.accept()
         self.counted = True
         LIVE.socket_opened("browser")
@@ -366,7 +330,7 @@ class FleetConsumer(AsyncWebsocketConsumer):
         if self.sender is not None:
             subscriptions.live_hub().forget(self)
             self.sender.cancel()
-        await self.channel_layer.group_discard(FLEET_GROUP, self.channel_name)
+        await memberships().leave(self.channel_layer, FLEET_GROUP, self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         """A page says what it shows ("subscribe"), or asks a deployment's server something ("ask")."""

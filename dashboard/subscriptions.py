@@ -24,7 +24,6 @@ import json
 import logging
 import time
 import uuid
-import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -35,6 +34,7 @@ from redis.exceptions import RedisError
 
 from dashboard.live import POINT_KEYS, TICKS_GROUP, LatestValues, Watching, heat_runs
 from dashboard.models import Node
+from dashboard.per_loop import PerLoop
 
 MAX_NODES = 200  # a fleet page shows 50 cards; a page asking for more than this asks for "all"
 # A page that just subscribed gets the values the hub holds of nodes that reported this recently.
@@ -299,12 +299,4 @@ def heat_text(cells: dict[int, int], sent: float, nodes: list[int]) -> str:
     )
 
 
-_hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LiveHub] = weakref.WeakKeyDictionary()
-
-
-def live_hub() -> LiveHub:
-    """This process's hub (one per event loop), created when its first page subscribes."""
-    loop = asyncio.get_running_loop()
-    if loop not in _hubs:
-        _hubs[loop] = LiveHub()
-    return _hubs[loop]
+live_hub = PerLoop(LiveHub)  # this process's hub (one per event loop), made when its first page subscribes

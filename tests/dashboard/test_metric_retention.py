@@ -4,8 +4,7 @@ METRIC_RETENTION_DAYS, in bounded batches; what calibration measured from them s
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
@@ -95,7 +94,7 @@ def test_it_rebuilds_an_hour_when_a_late_row_arrives_and_not_twice_when_nothing_
     assert (hour.n, hour.generation_tokens_per_s) == (10, pytest.approx(40.0))
     DeploymentMetric.objects.create(  # an agent's replay of that hour, stored late
         deployment=deployment,
-        t=datetime.fromtimestamp(start + 5, tz=dt_timezone.utc),  # inside the hour, whatever the clock's minute
+        t=datetime.fromtimestamp(start + 5, tz=UTC),  # inside the hour, whatever the clock's minute
         generation_tokens_per_s=150,
     )
     assert sum(run["metric_hours"] for run in two_passes()) == 1
