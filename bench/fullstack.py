@@ -1,6 +1,6 @@
 """The whole product under a simulated fleet (issue #13's headline target).
 
-    .venv/bin/python bench/fullstack.py --agents 1000 --gpus 8 --interval 1 --seconds 90 --json
+    .venv/bin/python bench/fullstack.py --agents 1000 --gpus 8 --interval 1 --seconds 90 [--agent-process] --json
 
 Starts `manage.py runstack` as `./run.sh` does (embedded Redis, uvicorn, the Celery workers of the default,
 detect and notify queues, beat, and with `--demo` the demo agents and deployment) on a fresh SQLite database
@@ -11,6 +11,8 @@ agents sample for `--seconds`: the steady window every figure below is taken ove
 - the agents' connection losses by cause (handshake timeouts, keepalive ping timeouts);
 - alerts opened (node-lost and the incident grouping them); evaluate_fleet runs from the detect worker's log;
 - each page's response time (request to last byte) and the CPU share of every process of the stack.
+With `--agent-process` the agents (the bench's and the demo's) connect to an ASGI process of their own
+(`runstack --agent-port`); the browser client and the pages use the main one.
 """
 
 from __future__ import annotations
@@ -66,6 +68,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--quiet-wave",
         action="store_true",
         help="agents sample only once every node is online (as bench/ingest.py), not from their start",
+    )
+    parser.add_argument(
+        "--agent-process",
+        action="store_true",
+        help="the agents' websockets on an ASGI process of their own (runstack --agent-port)",
     )
     parser.add_argument("--page-every", type=float, default=1.0, help="seconds between two page requests")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
@@ -160,13 +167,17 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def process_label(pid: int) -> str:
+def process_label(pid: int, agent_port: int | None = None) -> str:
     """What a process of the stack is, from its command line (a Celery pool child is named as its worker)."""
-    return label_for(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0"))
+    return label_for(
+        Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0"), agent_port
+    )
 
 
-def label_for(argv: list[str]) -> str:
+def label_for(argv: list[str], agent_port: int | None = None) -> str:
     line = " ".join(argv)
+    if agent_port is not None and "uvicorn" in line and f"--port {agent_port} " in line:
+        return "asgi-agents"
     for needle, label in (
         ("redis-server", "redis"),
         ("uvicorn", "asgi"),
@@ -185,11 +196,11 @@ def label_for(argv: list[str]) -> str:
     return "other: " + " ".join(argv[:3])[:60]
 
 
-def cpu_snapshot(roots: list[int]) -> dict[int, tuple[str, float]]:
+def cpu_snapshot(roots: list[int], agent_port: int | None = None) -> dict[int, tuple[str, float]]:
     snapshot = {}
     for pid in (p for root in roots for p in descendants(root)):
         try:
-            snapshot[pid] = (process_label(pid), cpu_seconds(pid))
+            snapshot[pid] = (process_label(pid, agent_port), cpu_seconds(pid))
         except (OSError, IndexError):
             continue
     return snapshot
@@ -236,10 +247,11 @@ def evaluate_fleet_runs(log: Path, start: float, end: float) -> dict:
 
 
 # ---- the run ---------------------------------------------------------------------------------------------------
-def start_stack(var: Path, port: int, demo: bool):
+def start_stack(var: Path, port: int, demo: bool, agent_port: int | None = None):
     from dashboard import stack
 
     argv = [sys.executable, "manage.py", "runstack", "--port", str(port), *([] if demo else ["--no-demo"])]
+    argv += [] if agent_port is None else ["--agent-port", str(agent_port)]
     env = {"LAYERCAKE_VAR": str(var), "DATABASE_URL": os.environ["DATABASE_URL"]}
     service = stack.Service("runstack", argv, env, var / "runstack.out").start()
     deadline = time.monotonic() + 300
@@ -267,7 +279,10 @@ async def measure(
     watcher = asyncio.create_task(feed.run())
     # The agents sample on past the window: their goodbyes (nodes shown stale) fall outside it.
     ready, sampling = var / "ready", args.settle + args.seconds + TAIL_S
-    argv = agents_argv(base, var / "tokens", ready, args.gpus, args.interval, sampling, not args.quiet_wave)
+    agent_base = f"http://127.0.0.1:{args.agent_port}" if args.agent_port else base
+    argv = agents_argv(
+        agent_base, var / "tokens", ready, args.gpus, args.interval, sampling, not args.quiet_wave
+    )
     agents = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.PIPE, cwd=ROOT)
     pages_stop = threading.Event()
     try:
@@ -279,14 +294,14 @@ async def measure(
         ready.touch()  # after the timeout too: the window then measures a fleet that never came up
         window = {"wave_s": round(time.time() - began, 1), "online_after_wave": len(feed.bench_online)}
         await asyncio.sleep(args.settle)
-        window["start"], cpu_before = time.time(), cpu_snapshot([stack_pid, agents.pid])
+        window["start"], cpu_before = time.time(), cpu_snapshot([stack_pid, agents.pid], args.agent_port)
         until = window["start"] + args.seconds
         window["pages"] = await asyncio.to_thread(
             page_times, base, sessionid, pages, args.page_every, until, pages_stop
         )
         await asyncio.sleep(max(0.0, until - time.time()))
         window["end"] = until
-        after = cpu_snapshot([stack_pid, agents.pid])
+        after = cpu_snapshot([stack_pid, agents.pid], args.agent_port)
         window["cpu_pct"] = cpu_shares(cpu_before, after, time.time() - window["start"])
         out, _ = await agents.communicate()
     finally:  # SIGTERM (bench/cleanup.py) cancels this: the agents go too
@@ -346,7 +361,8 @@ def run(args: argparse.Namespace) -> dict:
         tokens, sessionid = make_fleet(args.agents)
         (var / "tokens").write_text("\n".join(tokens))
         port, load_before = stack.free_port(), loadavg()
-        service = start_stack(var, port, args.demo)
+        args.agent_port = stack.free_port() if args.agent_process else None
+        service = start_stack(var, port, args.demo, args.agent_port)
         try:
             base, pages = f"http://127.0.0.1:{port}", operator_pages(args.demo)
             outcome = asyncio.run(measure(args, base, sessionid, var, service.proc.pid, pages))
@@ -368,6 +384,7 @@ def summarize(args, outcome: dict, figures: dict, detect: dict, restarts: int, l
         "seconds": args.seconds,
         "settle_s": args.settle,
         "demo": args.demo,
+        "agent_process": args.agent_process,
         "samples_in_wave": not args.quiet_wave,
         "connect_s": agents["connect_s"],
         "wave_s": outcome["wave_s"],

@@ -116,7 +116,7 @@ def redis_service(port: int, log_dir: Path, config: Path | None = None) -> Servi
     return Service("redis", argv, log_path=log_dir / "redis.log")
 
 
-def asgi_service(port: int, env: dict[str, str], log_dir: Path) -> Service:
+def asgi_service(port: int, env: dict[str, str], log_dir: Path, name: str = "asgi") -> Service:
     # uvicorn[standard] over daphne: measured 25-50 % faster websocket echo on this machine (README).
     argv = [
         sys.executable,
@@ -136,7 +136,7 @@ def asgi_service(port: int, env: dict[str, str], log_dir: Path) -> Service:
         "--timeout-graceful-shutdown",
         "2",
     ]
-    return Service("asgi", argv, env, log_dir / "asgi.log")
+    return Service(name, argv, env, log_dir / f"{name}.log")
 
 
 def celery_worker_service(env: dict[str, str], log_dir: Path, queues: str = "celery") -> Service:

@@ -79,7 +79,7 @@ class RunStack:
         return pid
 
 
-def start_runstack(tmp_path: Path, port: int) -> RunStack:
+def start_runstack(tmp_path: Path, port: int, *options: str) -> RunStack:
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL", "SECRET_KEY")}
     database = tmp_path / "run.sqlite3"
     env |= {
@@ -88,7 +88,7 @@ def start_runstack(tmp_path: Path, port: int) -> RunStack:
         "LAYERCAKE_VAR": str(tmp_path / "var"),
     }
     proc = subprocess.Popen(
-        [sys.executable, "manage.py", "runstack", "--port", str(port)],
+        [sys.executable, "manage.py", "runstack", "--port", str(port), *options],
         cwd=stack.BASE_DIR,
         env=env,
         stdout=subprocess.PIPE,
@@ -267,3 +267,33 @@ def kill_supervised_servers(run_dirs) -> None:
         if pid:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+
+
+def test_it_gives_the_agents_an_asgi_process_of_their_own_when_asked(tmp_path):
+    port, agent_port = stack.free_port(), stack.free_port()
+    running = start_runstack(tmp_path, port, "--agent-port", str(agent_port))
+    try:
+        running.wait_for(rf"agents connect to http://127\.0\.0\.1:{agent_port}/", timeout=240)
+        creds = running.wait_for(r"log in as (\S+) / (\S+)", timeout=240)
+        servers = [
+            cmd.split("--port ")[1].split()[0] for cmd in running.children().values() if "uvicorn" in cmd
+        ]
+        assert sorted(servers) == sorted([str(port), str(agent_port)])
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:  # the pages' process
+            login(client, creds[1], creds[2])
+            page = client.get("/").text
+        assert page.count(">Online<") == len(DEMO_FLEET)
+        assert (established(agent_port), established(port)) == (len(DEMO_FLEET), 0)  # every agent's socket
+    finally:
+        os.killpg(running.proc.pid, signal.SIGINT)
+        running.proc.wait(timeout=30)
+        kill_supervised_servers(tmp_path / "var" / "agents")
+
+
+def established(port: int) -> int:
+    """Open TCP connections to a local listening port (/proc/net/tcp: local address, then state 01)."""
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        count += state == "01" and int(local.split(":")[1], 16) == port
+    return count

@@ -51,6 +51,7 @@ class StackContext:
     port: int
     var_dir: Path
     log_dir: Path
+    agent_port: int | None = None  # set: the agents' websockets have an ASGI process of their own there
     env: dict[str, str] = field(default_factory=dict)  # for every child: REDIS_URL of the embedded Redis
     redis_port: int | None = None  # set when the stack runs its own Redis
     redis_config: Path | None = None
@@ -68,6 +69,16 @@ def mail_sink_answers(context: StackContext, service: stack.Service) -> bool:
 
 def login_page_answers(context: StackContext, service: stack.Service) -> bool:
     return stack.http_answers(f"http://127.0.0.1:{context.port}/accounts/login/")
+
+
+def agent_process_answers(context: StackContext, service: stack.Service) -> bool:
+    return stack.http_answers(f"http://127.0.0.1:{context.agent_port}/accounts/login/")
+
+
+def web_env(context: StackContext) -> dict[str, str]:
+    """With the agents on their own process, the pages' process runs no /metrics listener: the listener shows
+    its process's agents' readings, so the agents' process takes it."""
+    return {**context.env, "LAYERCAKE_METRICS_LISTEN": ""} if context.agent_port else context.env
 
 
 def redis_answers(context: StackContext, service: stack.Service) -> bool:
@@ -109,7 +120,17 @@ SERVER_COMPONENTS = [
         when=lambda c: c.mail_port is not None,
     ),
     Component(
-        "asgi", lambda c: stack.asgi_service(c.port, c.env, c.log_dir), login_page_answers, blocking=True
+        "asgi", lambda c: stack.asgi_service(c.port, web_env(c), c.log_dir), login_page_answers, blocking=True
+    ),
+    # At a fleet's size (hundreds of agents, each frame every second) pages in the agents' process waited for
+    # the interpreter lock behind their frames: the fleet page's worst request at 1,000 x 8 was 320-330 ms
+    # for ~80 ms of its own work (bench/README.md). `--agent-port` gives the agents a process of their own.
+    Component(
+        "asgi-agents",
+        lambda c: stack.asgi_service(c.agent_port, c.env, c.log_dir, name="asgi-agents"),
+        agent_process_answers,
+        blocking=True,
+        when=lambda c: c.agent_port is not None,
     ),
     Component("celery-worker", lambda c: stack.celery_worker_service(c.env, c.log_dir), worker_answers),
     Component(
@@ -128,12 +149,21 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
         parser.add_argument("--no-demo", action="store_true", help="start no simulated agents")
+        parser.add_argument(
+            "--agent-port",
+            type=int,
+            default=int(os.environ["AGENT_PORT"]) if os.environ.get("AGENT_PORT") else None,
+            help="serve the agents' websockets from an ASGI process of their own on this port (large fleets)",
+        )
 
-    def handle(self, port: int, no_demo: bool, **options):
+    def handle(self, port: int, no_demo: bool, agent_port: int | None = None, **options):
         # `kill`, systemd and `timeout` send SIGTERM: stop the stack as Ctrl-C does, not leave it orphaned.
         signal.signal(signal.SIGTERM, stop_like_ctrl_c)
         os.umask(STACK_UMASK)
+        if agent_port == port:
+            raise CommandError(f"--agent-port must differ from --port ({port})")
         context = self.prepare(port, demo_mail=not no_demo and not os.environ.get("EMAIL_HOST"))
+        context.agent_port = agent_port
         keeper = Keeper(context, self.say)
         try:
             self.start(keeper, context, no_demo)
@@ -186,6 +216,8 @@ class Command(BaseCommand):
             self.say(
                 f"Prometheus: /metrics also on http://{host}:{listen_port}/metrics (LAYERCAKE_METRICS_LISTEN)"
             )
+        if context.agent_port is not None:
+            self.say(f"agents connect to http://127.0.0.1:{context.agent_port}/ (their own ASGI process)")
         self.stdout.write(self.style.SUCCESS(f"\nlayercake is running: http://127.0.0.1:{context.port}/"))
         # Not through say(): the password stays out of the logs.
         self.stdout.write(
@@ -254,7 +286,7 @@ def login_line(username: str, password: str | None, password_file: Path) -> str:
 
 
 def demo_agents(context: StackContext) -> list[Component]:
-    server = f"http://127.0.0.1:{context.port}"
+    server = f"http://127.0.0.1:{context.agent_port or context.port}"
     return [
         Component(f"agent {name}", agent_builder(server, name, spec, context.var_dir), agent_connected(name))
         for name, spec in DEMO_FLEET
