@@ -152,7 +152,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--agent-port",
             type=int,
-            default=int(os.environ["AGENT_PORT"]) if os.environ.get("AGENT_PORT") else None,
+            default=os.environ.get("AGENT_PORT")
+            or None,  # a string default goes through `type`: a bad one is named
             help="serve the agents' websockets from an ASGI process of their own on this port (large fleets)",
         )
 
