@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -114,13 +115,33 @@ def processes_running(token: str) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
+            cmdline = command_line(int(entry.name))
             if token in cmdline and start_ticks(int(entry.name)) is not None:
                 found.append(int(entry.name))
     return found
+
+
+def command_line(pid: int) -> str:
+    """/proc/PID/cmdline, waited for when it is our own child's and still empty: Popen returns once the exec
+    closed its error pipe, which is before the kernel has set the new program's arguments (a CI run read an
+    empty command line there and counted the server as not running)."""
+    deadline = time.monotonic() + 2.0
+    while True:
+        try:
+            cmdline = (Path(f"/proc/{pid}") / "cmdline").read_bytes()
+        except OSError:
+            return ""
+        if cmdline or not is_our_child(pid) or time.monotonic() > deadline:
+            return cmdline.replace(b"\0", b" ").decode()
+        time.sleep(0.01)
+
+
+def is_our_child(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return int(stat[stat.rindex(")") + 2 :].split()[1]) == os.getpid()
 
 
 async def poll_until(supervisor: Supervisor, check, timeout: float = 15.0) -> None:

@@ -1,6 +1,6 @@
 """Predicted against measured, and the fleet calibration learning from it (issue #14, part 2).
 
-The learning test runs real simulated backends (agents.sim.backend subprocesses) at half the rate the planner
+The learning test runs real simulated backends (agents.sim.backend subprocesses) at 0.6 of the rate the planner
 predicted, scrapes their /metrics the way the agent does, stores their startup log lines as the agent would,
 and checks that the next plan's prediction moves toward the measured rate."""
 
@@ -34,6 +34,7 @@ from tests.personas import sim_node
 pytestmark = pytest.mark.django_db
 MODEL = "Llama-3.1-8B-Instruct"
 KEY = ("RTX 4090", "vllm", "none")
+RATIO = 0.6
 
 
 def planned() -> PlanRequest:
@@ -178,7 +179,10 @@ def serve_and_scrape(pairs: list[tuple[Sim, Deployment]], seconds: float) -> Non
 def test_it_moves_the_next_prediction_toward_what_the_fleet_measured(box, alice, backends, tmp_path) -> None:
     row = planned()
     predicted = single_stream(row)
-    measured_rate = predicted / 2  # the simulated servers run at half the predicted rate
+    # The simulated servers run at 0.6 of the predicted rate: far from both edges of the 1.5x checks below
+    # (0.49 and 0.67), so a loaded machine's few percent of slower decoding cannot cross either (at 0.5 a CI
+    # run measured 0.485 and fell out of the 1.5x line).
+    measured_rate = predicted * RATIO
     deployments = [deploy.create_deployment(row, 0, alice) for _ in range(MIN_SAMPLES + 1)]
     sims = []
     for d in deployments:
@@ -189,10 +193,10 @@ def test_it_moves_the_next_prediction_toward_what_the_fleet_measured(box, alice,
     serve_and_scrape(list(zip(sims, deployments, strict=True)), seconds=3.0)
     for d in deployments:
         m = calibration.measure(d)
-        assert m.decode_intervals >= 3 and m.decode_ratio == pytest.approx(0.5, rel=0.15), m.__dict__
+        assert m.decode_intervals >= 3 and m.decode_ratio == pytest.approx(RATIO, rel=0.15), m.__dict__
         assert m.kv_tokens == 60000  # read from the simulated server's "GPU KV cache size" line
     ((gpu, backend, link, factor),) = calibration.fleet_factors()
-    assert (gpu, backend, link) == KEY and 0.55 < factor < 0.85  # shrunk: 4 samples at 0.5 -> 0.5 ** (4 / 8)
+    assert (gpu, backend, link) == KEY and 0.65 < factor < 0.85  # shrunk: 4 samples at 0.6 -> 0.6 ** (4 / 8)
     again = planned()
     assert single_stream(again) == pytest.approx(predicted * factor, rel=0.01)
     assert abs(single_stream(again) - measured_rate) < abs(predicted - measured_rate)
@@ -201,8 +205,9 @@ def test_it_moves_the_next_prediction_toward_what_the_fleet_measured(box, alice,
     )
     (report,) = calibration.calibration_rows()
     assert report.samples == MIN_SAMPLES + 1 and report.in_use
-    # at 0.5 the published figure misses 1.5x everywhere; the fleet factor (left-one-out: 3 samples, 0.74)
-    # brings them to ~0.67, around the 1.5x line, and all within 2x
+    # at 0.6 the published figure misses 1.5x everywhere; the fleet factor (left-one-out: 3 samples and the
+    # 4 prior ones, 0.6 ** (3 / 7) = 0.80) brings them to 0.6 ** (4 / 7) = 0.75, inside the 1.5x line (0.67)
+    # as long as the measured ratio stays above 0.49, and all within 2x
     assert report.published_within_1_5 == 0.0 < report.fleet_within_1_5 and report.fleet_within_2 == 1.0
     docs = tmp_path / "placement.md"
     docs.write_text(f"# Placement\n\n{START}\nold\n{END}\n\nrest\n", encoding="utf-8")
