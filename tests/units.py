@@ -13,7 +13,14 @@ REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
 INSTALL_DIR = "/opt/layercake"  # where docs/production.md installs the code; the units' WorkingDirectory
 VENV_PYTHON = f"{INSTALL_DIR}/venv/bin/python"
-SERVER_UNITS = ("layercake-web", "layercake-worker", "layercake-detect", "layercake-notify", "layercake-beat")
+SERVER_UNITS = (
+    "layercake-web",
+    "layercake-ingest",
+    "layercake-worker",
+    "layercake-detect",
+    "layercake-notify",
+    "layercake-beat",
+)
 
 
 @dataclass
@@ -31,6 +38,13 @@ class Unit:
         return dict(
             item.split("=", 1) for line in self.service.get("Environment", []) for item in shlex.split(line)
         )
+
+    def environment_files(self) -> list[tuple[str, bool]]:
+        """EnvironmentFile= paths in the order systemd reads them (later ones win), each with whether it must
+        exist (a leading "-" makes it optional)."""
+        return [
+            (path.lstrip("-"), not path.startswith("-")) for path in self.service.get("EnvironmentFile", [])
+        ]
 
     def argv(self, env: dict[str, str]) -> list[str]:
         """ExecStart as systemd runs it: ${VAR} from env (one word), %% -> %; the venv's python is this one."""
@@ -113,8 +127,8 @@ def self_signed_cert(directory: Path) -> tuple[Path, Path]:
 
 def nginx_config(directory: Path, ports: dict[str, int]) -> Path:
     """deploy/nginx-layercake.conf in a runnable nginx.conf: this machine's certificate, and the ports given
-    (http, https, upstream: the web unit's WEB_PORT, metrics: its LAYERCAKE_METRICS_LISTEN port) on 127.0.0.1
-    instead of 80, 443, 8000 and 9108."""
+    (http, https, upstream: the web unit's WEB_PORT, ingest: the ingest unit's INGEST_PORT, metrics: its
+    LAYERCAKE_METRICS_LISTEN port) on 127.0.0.1 instead of 80, 443, 8000, 8001 and 9108."""
     cert, key = self_signed_cert(directory)
     site = (DEPLOY / "nginx-layercake.conf").read_text()
     for old, new in [
@@ -126,6 +140,7 @@ def nginx_config(directory: Path, ports: dict[str, int]) -> Path:
         ("listen 443 ssl;", f"listen 127.0.0.1:{ports['https']} ssl;"),
         ("server 127.0.0.1:8000;", f"server 127.0.0.1:{ports['upstream']};"),
         ("server 127.0.0.1:8000 backup;", f"server 127.0.0.1:{ports['upstream']} backup;"),
+        ("server 127.0.0.1:8001;", f"server 127.0.0.1:{ports.get('ingest', 8001)};"),
         ("server 127.0.0.1:9108;", f"server 127.0.0.1:{ports.get('metrics', 9108)};"),
     ]:
         assert old in site, f"deploy/nginx-layercake.conf no longer has {old!r}"

@@ -36,6 +36,7 @@ from tests.units import DEPLOY, SERVER_UNITS, nginx_config, read_env_file, read_
 pytestmark = pytest.mark.slow
 POSTGRES = os.environ.get("LAYERCAKE_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432/postgres")
 ADMIN, ADMIN_PASSWORD = "operator", secrets.token_urlsafe(16)
+METRICS_TOKEN = secrets.token_urlsafe(24)
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 
 
@@ -76,6 +77,7 @@ def redis_url(state_dir: Path) -> Iterator[str]:
 @dataclass
 class Production:
     url: str
+    ingest_url: str  # layercake-ingest.service: where nginx sends /ws/agent/
     env_file: Path
     services: dict[str, stack.Service]
     log_dir: Path
@@ -96,12 +98,22 @@ def server_env_file(state_dir: Path, port: int, database_url: str, redis_url: st
         REDIS_URL=redis_url,
         LAYERCAKE_VAR=str(state_dir / "var"),
         WEB_PORT=str(port),
-        LAYERCAKE_METRICS_LISTEN=f"127.0.0.1:{stack.free_port()}",
+        LAYERCAKE_METRICS_TOKEN=METRICS_TOKEN,
     )
     env.update(
         SECURE_SSL_REDIRECT="false", SECURE_COOKIES="false"
     )  # plain http: the only overrides of the profile
     return write_env_file(state_dir / "server.env", env)
+
+
+def ingest_env_file(state_dir: Path) -> Path:
+    """/etc/layercake/ingest.env as docs/production.md has the operator write it: the ingest unit's own port
+    and metrics listener (here free ports instead of 8001 and 9108)."""
+    env = {
+        "INGEST_PORT": str(stack.free_port()),
+        "LAYERCAKE_METRICS_LISTEN": f"127.0.0.1:{stack.free_port()}",
+    }
+    return write_env_file(state_dir / "ingest.env", env)
 
 
 def manage(env_file: Path, *args: str, extra_env: dict[str, str] | None = None) -> str:
@@ -124,10 +136,16 @@ def manage(env_file: Path, *args: str, extra_env: dict[str, str] | None = None) 
     return result.stdout
 
 
-def unit_service(name: str, env_file: Path, log_dir: Path) -> stack.Service:
-    """The unit's ExecStart with the environment systemd gives it: Environment=, then EnvironmentFile=."""
+def unit_service(name: str, env_dir: Path, log_dir: Path) -> stack.Service:
+    """The unit's ExecStart with the environment systemd gives it: Environment=, then each EnvironmentFile=
+    in order (/etc/layercake/NAME read from env_dir/NAME; an optional one only when it exists)."""
     unit = read_unit(name)
-    env = {"PATH": os.environ["PATH"], **unit.environment(), **read_env_file(env_file)}
+    env = {"PATH": os.environ["PATH"], **unit.environment()}
+    for path, required in unit.environment_files():
+        assert path.startswith("/etc/layercake/"), f"{name}: EnvironmentFile={path}"
+        local = env_dir / Path(path).name
+        if required or local.exists():
+            env |= read_env_file(local)
     assert unit.one("WorkingDirectory") == "/opt/layercake"  # here: the repository (stack.Service's cwd)
     return stack.Service(name, unit.argv(env), env, log_dir / f"{name}.log", inherit_env=False)
 
@@ -137,6 +155,7 @@ def production(state_dir: Path, database_url: str, redis_url: str) -> Iterator[P
     port, log_dir = stack.free_port(), state_dir / "logs"
     log_dir.mkdir()
     env_file = server_env_file(state_dir, port, database_url, redis_url)
+    ingest_port = int(read_env_file(ingest_env_file(state_dir))["INGEST_PORT"])
     manage(env_file, "migrate", "--noinput")
     manage(env_file, "collectstatic", "--noinput")
     manage(
@@ -149,10 +168,12 @@ def production(state_dir: Path, database_url: str, redis_url: str) -> Iterator[P
         "ops@example.com",
         extra_env={"DJANGO_SUPERUSER_PASSWORD": ADMIN_PASSWORD},
     )
-    services = {name: unit_service(name, env_file, log_dir).start() for name in SERVER_UNITS}
-    running = Production(f"http://127.0.0.1:{port}", env_file, services, log_dir)
+    services = {name: unit_service(name, state_dir, log_dir).start() for name in SERVER_UNITS}
+    urls = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{ingest_port}"
+    running = Production(*urls, env_file, services, log_dir)
     try:
         stack.wait_for_port(port, timeout=60, proc=services["layercake-web"].proc)
+        stack.wait_for_port(ingest_port, timeout=60, proc=services["layercake-ingest"].proc)
         yield running
     finally:
         for service in reversed(services.values()):  # beat first: nothing sends to stopped workers
@@ -169,7 +190,7 @@ def agents(production: Production, tmp_path: Path) -> Iterator[dict[str, str]]:
         run_dir = tmp_path / "agents" / name
         started.append(
             start_agent(
-                production.url,
+                production.ingest_url,  # as nginx routes /ws/agent/
                 token,
                 source,
                 production.log_dir,
@@ -230,14 +251,16 @@ def feed(production: Production, operator: httpx.Client) -> Iterator[LiveFeed]:
 
 @pytest.fixture
 def nginx(production: Production, tmp_path: Path) -> Iterator[tuple[dict[str, int], ssl.SSLContext]]:
-    """deploy/nginx-layercake.conf in front of the web unit, with a self-signed certificate."""
+    """deploy/nginx-layercake.conf in front of the web and ingest units, with a self-signed certificate."""
     if not os.path.exists(NGINX) or shutil.which("openssl") is None:
         pytest.skip("nginx or openssl is not installed")
+    ingest_env = read_env_file(production.env_file.parent / "ingest.env")
     ports = {
         "http": stack.free_port(),
         "https": stack.free_port(),
         "upstream": int(read_env_file(production.env_file)["WEB_PORT"]),
-        "metrics": int(read_env_file(production.env_file)["LAYERCAKE_METRICS_LISTEN"].rpartition(":")[2]),
+        "ingest": int(ingest_env["INGEST_PORT"]),
+        "metrics": int(ingest_env["LAYERCAKE_METRICS_LISTEN"].rpartition(":")[2]),
     }
     conf = nginx_config(tmp_path, ports)
     service = stack.Service(
@@ -248,6 +271,15 @@ def nginx(production: Production, tmp_path: Path) -> Iterator[tuple[dict[str, in
     stack.wait_for_port(ports["https"], proc=service.proc)
     yield ports, ssl.create_default_context(cafile=tmp_path / "cert.pem")
     service.stop()
+
+
+def utilization_nodes(url: str) -> str:
+    """The /metrics lines of GPU utilization, scraped with the token: the readings the process holds."""
+    response = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+    assert response.status_code == 200, response.text[:500]
+    return "\n".join(
+        line for line in response.text.splitlines() if line.startswith("layercake_gpu_utilization")
+    )
 
 
 def node_ids(messages: list[dict], names: set[str]) -> dict[str, int] | None:
@@ -369,10 +401,10 @@ def test_it_proxies_pages_and_both_websockets_through_the_nginx_example(
         page = client.get("/")  # logged in through TLS; Django sees https from nginx's X-Forwarded-Proto
         assert page.status_code == 200 and "Log out" in page.text
         assert page.headers["strict-transport-security"].startswith("max-age=31536000")
-        # /metrics goes to the web process's metrics listener; the example sets no token or network: 403
+        # /metrics goes to the ingest process's metrics listener, which wants the token (set here)
         scrape = client.get("/metrics")
-        assert scrape.status_code == 403 and "not allowed to scrape" in scrape.text
-        assert "/metrics (listener) refused GET /metrics to 127.0.0.1" in production.log("layercake-web")
+        assert scrape.status_code == 401 and "a bearer token is required" in scrape.text
+        assert "/metrics (listener) refused GET /metrics to 127.0.0.1" in production.log("layercake-ingest")
     token = manage(production.env_file, "agent_token", "behind-nginx").strip()
     agent = stack.agent_service(
         url,
@@ -394,5 +426,8 @@ def test_it_proxies_pages_and_both_websockets_through_the_nginx_example(
                 timeout=15,
                 what="its samples through nginx",
             )
+            # nginx put the agent on the ingest process: its readings are that process's, not the web's
+            assert 'node="behind-nginx"' in utilization_nodes(f"http://127.0.0.1:{ports['metrics']}")
+            assert 'node="behind-nginx"' not in utilization_nodes(production.url)
         finally:
             agent.stop()

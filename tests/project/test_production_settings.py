@@ -156,12 +156,12 @@ def test_it_hardens_every_server_unit(name):
         "NoNewPrivileges": "yes",
         "ProtectSystem": "strict",
         "PrivateTmp": "yes",
-        "EnvironmentFile": "/etc/layercake/server.env",
         "Restart": "on-failure",
         "ReadWritePaths": "/var/lib/layercake",
         "CapabilityBoundingSet": "",
     }
     assert {key: unit.one(key) for key in expected} == expected
+    assert unit.environment_files()[0] == ("/etc/layercake/server.env", True)  # every unit reads it first
 
 
 def test_it_passes_systemd_analyze_verify(tmp_path):
