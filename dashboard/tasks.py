@@ -25,7 +25,7 @@ from dashboard import alerts, calibration, deploy, detect, metric_hours, storage
 from dashboard.choices import DeploymentState, DesiredState, NodeStatus
 from dashboard.jobs import DeliverNotifications, Job, LaunchMembers, StopProcesses
 from dashboard.live import agent_group, announce_deployment, announce_nodes, announce_plan
-from dashboard.models import CanaryProbe, Deployment, LogChunk, TaskLease
+from dashboard.models import CanaryProbe, Deployment, LogChunk, leases
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +38,12 @@ def measure_deployments() -> int:
 
 @contextmanager
 def single_run(name: str, seconds: float) -> Iterator[bool]:
-    """True for the one run of a periodic task that holds its lease (TaskLease) for up to `seconds`; a run
+    """True for the one run of a periodic task that holds its lease (leases.held) for up to `seconds`; a run
     that finds the previous one still going gets False and skips, so that slow runs never pile up."""
-    until = TaskLease.claim(name, seconds)
-    if until is None:
-        log.info("%s: the previous run is still going; this one skips", name)
-    try:
-        yield until is not None
-    finally:
-        if until is not None:
-            TaskLease.release(name, until)
+    with leases.held(name, seconds) as mine:
+        if not mine:
+            log.info("%s: the previous run is still going; this one skips", name)
+        yield mine
 
 
 @shared_task(ignore_result=False)

@@ -26,6 +26,17 @@ from tests.receivers import Receiver
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
+def pytest_sessionfinish(session) -> None:
+    """Remove the periodic tasks' lock files beside this process's SQLite test database (leases.held), which
+    pytest-django does not know of when it drops the database."""
+    from django.conf import settings
+
+    name = settings.DATABASES["default"].get("TEST", {}).get("NAME")
+    if name:
+        for lock in Path(name).parent.glob(f"{Path(name).name}.*.lock"):
+            lock.unlink(missing_ok=True)
+
+
 @pytest.fixture
 def alice(db):
     """Alice operates the cluster: a user in the operator role with a password."""

@@ -3,6 +3,8 @@ with the number of open problems."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -12,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from dashboard import tasks
-from dashboard.models import Alert, Deployment, Node, TaskLease
+from dashboard.models import Alert, Deployment, Node, TaskLease, leases
 from tests import storm
 
 pytestmark = pytest.mark.django_db
@@ -39,10 +41,38 @@ def test_it_gives_the_lease_of_a_run_that_died_to_the_next_after_it_ran_out():
 
 def test_it_skips_a_run_while_the_previous_one_is_still_going():
     storm.silence(storm.fleet(3, timezone.now()), 30)
-    held = TaskLease.claim("evaluate_fleet", 60)
-    assert tasks.evaluate_fleet() is None and not Alert.objects.exists()
-    TaskLease.release("evaluate_fleet", held)
+    with leases.held("evaluate_fleet", 60) as mine:
+        assert mine
+        assert tasks.evaluate_fleet() is None and not Alert.objects.exists()
     assert tasks.evaluate_fleet() == 3 and Alert.objects.count() == 3
+
+
+HOLD_AND_WAIT = """
+import fcntl, sys, time
+handle = open(sys.argv[1], "a")
+fcntl.flock(handle, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(
+    settings.DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3", reason="SQLite's"
+)
+def test_it_skips_while_another_process_runs_and_takes_over_when_that_process_dies():
+    storm.silence(storm.fleet(2, timezone.now()), 30)
+    other = subprocess.Popen(
+        [sys.executable, "-c", HOLD_AND_WAIT, str(leases.lock_path("evaluate_fleet"))],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout.readline().strip() == "held"
+        assert tasks.evaluate_fleet() is None and not Alert.objects.exists()
+    finally:
+        other.kill()  # a worker that dies holding the lease: the lock goes with it
+        other.wait()
+    assert tasks.evaluate_fleet() == 2 and Alert.objects.count() == 2
 
 
 def test_it_expires_queued_detection_runs_and_routes_them_to_their_own_queue():
