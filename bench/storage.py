@@ -1,6 +1,7 @@
 """Tiered sample storage at the default retention (issue #13, item 1): bytes per sample and per GPU, chart times.
 
     .venv/bin/python bench/storage.py [--gpus 800] [--json]
+    .venv/bin/python bench/storage.py --raw-hour --gpus 8000 --json     # the size after one hour at 1,000 x 8
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/NAME .venv/bin/python bench/storage.py --gpus 800 --json
 
 Fills a fresh database (a scratch SQLite file unless DATABASE_URL names an empty PostgreSQL database) with
@@ -37,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 GPUS_PER_NODE = 8
+RAW_HOUR_S = 3600
 
 
 def setup(scratch: str) -> None:
@@ -304,6 +306,29 @@ def run(gpus: int) -> dict:
     }
 
 
+def run_raw_hour(gpus: int) -> dict:
+    """One simulated hour of raw samples at 1 s for `gpus` GPUs and nothing else (1,000 x 8: 28.8 million
+    rows), inserted a minute at a time in time order as they arrive: the database's size after that hour."""
+    from django.db import connection
+
+    gpu_ids = make_fleet(gpus)
+    sql, start = Sql(connection.vendor), int(time.time()) - RAW_HOUR_S
+    started = time.perf_counter()
+    raw = sum(fill_raw(sql, gpu_ids, 60, start + minute * 60) for minute in range(RAW_HOUR_S // 60))
+    fill_s = time.perf_counter() - started
+    sizes = table_bytes(["dashboard_gpusample"])
+    return {
+        "database": connection.vendor,
+        "gpus": gpus,
+        "seconds": RAW_HOUR_S,
+        "rows": raw,
+        "fill_s": round(fill_s, 1),
+        "bytes": sizes,
+        "bytes_per_sample_raw": round(sizes["dashboard_gpusample"] / raw, 1),
+        "database_bytes_after_one_hour": sizes["total"],
+    }
+
+
 def main() -> None:
     from bench.cleanup import exit_on_sigterm
 
@@ -311,12 +336,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", type=int, default=800)
     parser.add_argument("--json", action="store_true", help="print one JSON line")
+    parser.add_argument(
+        "--raw-hour",
+        action="store_true",
+        help="only one hour of raw samples at 1 s: the database's size then",
+    )
     args = parser.parse_args()
     if args.gpus < GPUS_PER_NODE:
         parser.error(f"--gpus must be at least {GPUS_PER_NODE} (one node)")
     with tempfile.TemporaryDirectory(prefix="lc-bench-storage-") as scratch:
         setup(scratch)
-        result = run(args.gpus)
+        result = run_raw_hour(args.gpus) if args.raw_hour else run(args.gpus)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
 
 
